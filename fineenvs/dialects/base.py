@@ -29,10 +29,17 @@ class CanonicalRequest:
     stream: bool = False
     model: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Dialect-private facts the response side needs (flattened tool names, include_usage, the
+    # Responses echo fields). JSON-serialisable, so the proxy can record it with the call.
+    state: JSON = field(default_factory=dict)
 
 
 class DialectError(ValueError):
-    """The agent's request cannot be converted; the message says what, why and how to fix it."""
+    """The agent's request cannot be converted; the message says what, why and how to fix it.
+
+    ``status`` is the HTTP status to answer with (400 for the agent's mistakes; 502 when the
+    engine's completion itself is unusable).
+    """
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
@@ -49,6 +56,21 @@ class Dialect(Protocol):
 
     def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON: ...
 
-    def stream_events(self, completion: JSON, request: CanonicalRequest, *, model: str) -> Iterator[bytes]: ...
+    def stream_events(
+        self, completion: JSON, request: CanonicalRequest, *, model: str
+    ) -> Iterator[bytes]: ...
 
-    def error_body(self, status: int, message: str, *, kind: str = "invalid_request_error") -> JSON: ...
+    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
+        """The format's own error body; ``kind`` defaults to the format's name for ``status``."""
+        ...
+
+    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
+        """A finished, non-empty reply the proxy sends on its own (budget spent, context full).
+
+        Stream it with ``stream_events(stop_completion(text), ...)`` when the caller streams.
+        """
+        ...
+
+    def keepalive(self) -> bytes:
+        """Bytes the format's clients ignore, sent on an open stream while the engine works."""
+        ...

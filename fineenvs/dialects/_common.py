@@ -1,0 +1,351 @@
+"""Small helpers the four format modules share: reading the engine's completion, usage, ids,
+reasoning signatures, message normalisation and SSE framing.
+
+What is covered: the pieces that are identical across formats (the engine side is always one
+OpenAI chat completion). What is not covered: anything format-specific; that lives in the format's
+own module, even when it looks similar (duplicate glue, share contracts).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fineenvs.dialects.base import JSON, DialectError
+
+ERROR_PREFIX = "fineenvs proxy: "
+# Our own prefix for synthetic signatures / encrypted reasoning, so we can tell ours from a real
+# provider's opaque blob (which we cannot read) when a client sends history back.
+SIG_PREFIX = "fe:"
+SSE_COMMENT_KEEPALIVE = b": keepalive\n\n"
+
+
+def prefixed(message: str) -> str:
+    return message if message.startswith(ERROR_PREFIX) else ERROR_PREFIX + message
+
+
+def fail(what: str, why: str, fix: str, *, param: str | None = None, status: int = 400) -> DialectError:
+    """A DialectError whose message says what is wrong, why it matters and how to fix it."""
+    return DialectError(f"{what}: {why}. {fix}", status=status, param=param)
+
+
+def as_dict(value: object) -> JSON:
+    """``value`` if it is an object, else an empty one (for optional sub-objects)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_str(value: object, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def require_dict(value: object, where: str) -> JSON:
+    if not isinstance(value, dict):
+        raise fail(
+            f"{where} must be an object (got {type_name(value)})",
+            "the format defines it as a JSON object",
+            f"Send {where} as a JSON object.",
+            param=where,
+        )
+    return value
+
+
+def require_list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise fail(
+            f"{where} must be an array (got {type_name(value)})",
+            "the format defines it as a JSON array",
+            f"Send {where} as a JSON array.",
+            param=where,
+        )
+    return value
+
+
+def require_str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise fail(
+            f"{where} must be a string (got {type_name(value)})",
+            "the format defines it as a string",
+            f"Send {where} as a string.",
+            param=where,
+        )
+    return value
+
+
+def optional_int(body: JSON, key: str, where: str | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+        name = where or key
+        raise fail(
+            f"{name} must be a positive integer (got {value!r})",
+            "it caps the number of generated tokens",
+            f"Send {name} as an integer >= 1 or leave it out.",
+            param=name,
+        )
+    return int(value)
+
+
+def optional_number(body: JSON, key: str, where: str | None = None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        name = where or key
+        raise fail(
+            f"{name} must be a number (got {type_name(value)})",
+            "it is a sampling parameter",
+            f"Send {name} as a number or leave it out.",
+            param=name,
+        )
+    return value
+
+
+def check_n(value: object, where: str) -> None:
+    if value is None or value == 1:
+        return
+    raise fail(
+        f"{where}={value!r} is not supported",
+        "the capture proxy records exactly one sample per model call",
+        f"Send {where}=1 (or leave it out) and make several calls instead.",
+        param=where,
+    )
+
+
+def stable_id(prefix: str, *parts: object) -> str:
+    """A deterministic id from content (no clocks, no randomness)."""
+    digest = hashlib.sha256(
+        json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str).encode()
+    ).hexdigest()
+    return f"{prefix}{digest[:24]}"
+
+
+def thinking_signature(text: str) -> str:
+    """Synthetic, deterministic signature for a thinking block: ours, recognisable, content-derived."""
+    return SIG_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_reasoning(text: str) -> str:
+    """Opaque ``encrypted_content`` that carries the reasoning text itself, so it round-trips."""
+    return SIG_PREFIX + base64.b64encode(text.encode()).decode()
+
+
+def decode_reasoning(blob: object) -> str | None:
+    """The reasoning text inside our own ``encode_reasoning`` blob; None for anyone else's."""
+    if not isinstance(blob, str) or not blob.startswith(SIG_PREFIX):
+        return None
+    try:
+        return base64.b64decode(blob[len(SIG_PREFIX) :], validate=True).decode()
+    except ValueError:
+        return None
+
+
+def dumps_args(value: object) -> str:
+    """Tool-call arguments as the JSON string chat completions carries (key order kept: prefix stability)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def loads_args(arguments: str) -> JSON:
+    """Tool-call arguments as an object for formats that carry objects; non-JSON is kept, not lost."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"raw_arguments": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def sse_data(payload: JSON) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def sse_event(event: str, payload: JSON) -> bytes:
+    return f"event: {event}\n".encode() + sse_data(payload)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's completion
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Usage:
+    prompt: int
+    completion: int
+    cached: int
+    reasoning: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+@dataclass
+class Reply:
+    """The parts of the engine's one choice that every format needs."""
+
+    id: str
+    created: int
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    usage: Usage
+
+
+def _int(value: object) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def read_completion(completion: JSON) -> Reply:
+    """Parse the engine's chat completion; a malformed one is the engine's fault (502)."""
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise DialectError(
+            prefixed("the engine's completion has no choices[0]; cannot build a reply"), status=502
+        )
+    choice = choices[0]
+    message = as_dict(choice.get("message"))
+    content = message.get("content")
+    if isinstance(content, list):  # some servers return parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    calls: list[ToolCall] = []
+    for i, call in enumerate(message.get("tool_calls") or []):
+        if not isinstance(call, dict):
+            continue
+        fn = as_dict(call.get("function"))
+        name = as_str(fn.get("name"))
+        args = fn.get("arguments")
+        args = args if isinstance(args, str) else dumps_args(args if args is not None else {})
+        call_id = as_str(call.get("id")) or stable_id("call_", completion.get("id"), i, name, args)
+        calls.append(ToolCall(call_id, name, args))
+    raw_usage = as_dict(completion.get("usage"))
+    prompt_details = as_dict(raw_usage.get("prompt_tokens_details"))
+    completion_details = as_dict(raw_usage.get("completion_tokens_details"))
+    usage = Usage(
+        prompt=_int(raw_usage.get("prompt_tokens")),
+        completion=_int(raw_usage.get("completion_tokens")),
+        cached=_int(prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else 0),
+        reasoning=_int(
+            completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else 0
+        ),
+    )
+    finish = choice.get("finish_reason")
+    if not isinstance(finish, str) or not finish:
+        finish = "tool_calls" if calls else "stop"
+    cid = completion.get("id")
+    return Reply(
+        id=cid if isinstance(cid, str) and cid else stable_id("chatcmpl-", content, reasoning),
+        created=_int(completion.get("created")),
+        content=content if isinstance(content, str) else "",
+        reasoning=reasoning if isinstance(reasoning, str) else "",
+        tool_calls=calls,
+        finish_reason=finish,
+        usage=usage,
+    )
+
+
+def stop_completion(text: str, *, completion_id: str | None = None) -> JSON:
+    """A finished chat completion carrying the proxy's own text (budget spent, context full).
+
+    Every format's ``stop_reply`` and ``stream_events`` accept it like an engine completion; it
+    carries no token ids, so nothing downstream can mistake it for training data.
+    """
+    if not text:
+        raise ValueError("a stop reply must be non-empty: agents treat an empty reply as an error and retry")
+    return {
+        "id": completion_id or stable_id("chatcmpl-stop-", text),
+        "object": "chat.completion",
+        "created": 0,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical messages
+
+
+def join_text(parts: list[str]) -> str:
+    # Text blocks of one message become one string (chat templates render strings best); the
+    # separator is fixed so that the same history always gives the same canonical text.
+    return "\n".join(parts)
+
+
+def normalise_messages(messages: list[JSON], notes: list[str]) -> list[JSON]:
+    """Merge leading system/developer messages into one; later ones become user messages.
+
+    Chat templates (Qwen, LFM) accept a system message only first; moving a mid-conversation
+    system message to the top would rewrite the start of the prompt and break prefix linking, so
+    it stays in place as a user turn.
+    """
+    out: list[JSON] = []
+    leading: list[str] = []
+    seen_other = False
+    for i, msg in enumerate(messages):
+        role = msg.get("role")
+        if role in ("system", "developer"):
+            text = msg.get("content")
+            text = (
+                text
+                if isinstance(text, str)
+                else join_text(
+                    [
+                        p.get("text", "")
+                        for p in text or []
+                        if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    ]
+                )
+            )
+            if not seen_other:
+                leading.append(text)
+                continue
+            notes.append(
+                f"{role} message at position {i} sent as a user message (templates take system only first)"
+            )
+            out.append({"role": "user", "content": text})
+            continue
+        seen_other = True
+        out.append(msg)
+    if leading:
+        if len(leading) > 1:
+            notes.append(f"{len(leading)} leading system/developer messages merged into one system message")
+        out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
+    return out
+
+
+def function_tool(name: str, description: object, parameters: object) -> JSON:
+    fn: JSON = {"name": name}
+    if isinstance(description, str) and description:
+        fn["description"] = description
+    fn["parameters"] = parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def finish_tools(body: JSON, tools: list[JSON], notes: list[str]) -> None:
+    """Set tools on a canonical body; with no tools, tool_choice/parallel_tool_calls go too.
+
+    vLLM rejects tool_choice without tools (kimi-cli sends ``tools: []``; codex sends
+    ``parallel_tool_calls`` without tools).
+    """
+    if tools:
+        body["tools"] = tools
+        return
+    body.pop("tools", None)
+    for key in ("tool_choice", "parallel_tool_calls"):
+        if key in body:
+            body.pop(key)
+            notes.append(f"{key} dropped: the request has no tools the engine can call")
