@@ -1,0 +1,232 @@
+"""What the rest of fineenvs holds on to: an engine URL, its served model name and its weight sync.
+
+Three ways to get one, all usable as ``with`` or ``async with`` (the engine is healthy inside the
+block and stopped after it, whatever happens):
+
+- ``launch_transformers_engine("tiny_qwen", log_dir=...)``: the embedded engine as a child process.
+- ``launch_vllm(VLLMServeArgs(...), log_dir=...)``: the published vLLM command (GPU machines only).
+- ``attach("http://host:port")``: a server someone else started; nothing is launched or stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import httpx
+
+from fineenvs.engine.launcher import free_port, launched, launched_async, require_cuda
+from fineenvs.engine.vllm import VLLMServeArgs, build_serve_command, build_serve_env, prepare_chat_template
+from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync, WeightSync
+
+EngineKind = Literal["transformers", "vllm", "attached"]
+
+
+@dataclass
+class EngineHandle:
+    url: str
+    """Base URL without ``/v1`` (``http://127.0.0.1:8000``)."""
+    served_model_name: str
+    kind: EngineKind
+    weight_sync: WeightSync | None = None
+    log_path: Path | None = None
+    pid: int | None = None
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.url + "/v1"
+
+
+def served_models(url: str, client: httpx.Client | None = None, timeout_s: float = 10.0) -> list[str]:
+    """Model ids listed by ``GET /v1/models``."""
+    own = client is None
+    http = client or httpx.Client(timeout=timeout_s)
+    try:
+        response = http.get(url.rstrip("/") + "/v1/models")
+        response.raise_for_status()
+        return [str(entry["id"]) for entry in response.json().get("data", [])]
+    finally:
+        if own:
+            http.close()
+
+
+def attach(
+    url: str,
+    served_model_name: str | None = None,
+    *,
+    weight_sync: WeightSync | None = None,
+    client: httpx.Client | None = None,
+) -> EngineHandle:
+    """Use a running server; learns the served name from ``/v1/models`` and checks a given one."""
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    try:
+        names = served_models(url, client)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(
+            f"engine.url={url}: GET /v1/models failed ({exc}). Start the server first, or drop engine.url "
+            "to let fineenvs launch one."
+        ) from exc
+    if served_model_name is None:
+        if len(names) != 1:
+            raise ValueError(
+                f"engine.url={url} serves {len(names)} models ({', '.join(names) or 'none'}); "
+                "name one with engine.served_model_name=..."
+            )
+        served_model_name = names[0]
+    elif served_model_name not in names:
+        raise ValueError(
+            f"engine.served_model_name={served_model_name!r} is not served by {url} "
+            f"(it serves: {', '.join(names) or 'nothing'})."
+        )
+    return EngineHandle(
+        url=url, served_model_name=served_model_name, kind="attached", weight_sync=weight_sync
+    )
+
+
+class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextManager[EngineHandle]):
+    """A launched engine as a context manager, sync or async; the handle is valid inside the block."""
+
+    def __init__(
+        self,
+        *,
+        cmd: list[str],
+        env: dict[str, str] | None,
+        handle: EngineHandle,
+        log_path: Path,
+        timeout_s: float,
+        grace_s: float,
+        before_start: Callable[[], None] | None = None,
+    ) -> None:
+        self.cmd, self.env, self.handle, self.log_path = cmd, env, handle, log_path
+        self.timeout_s, self.grace_s, self.before_start = timeout_s, grace_s, before_start
+        self._sync: AbstractContextManager[object] | None = None
+        self._async: AbstractAsyncContextManager[object] | None = None
+
+    def _kwargs(self) -> dict[str, object]:
+        return {
+            "base_url": self.handle.url,
+            "log_path": self.log_path,
+            "env": self.env,
+            "timeout_s": self.timeout_s,
+            "grace_s": self.grace_s,
+            "name": f"{self.handle.kind} engine",
+            "before_start": self.before_start,
+        }
+
+    def __enter__(self) -> EngineHandle:
+        self._sync = launched(self.cmd, **self._kwargs())  # type: ignore[arg-type]
+        proc = self._sync.__enter__()
+        self.handle.pid = getattr(proc, "pid", None)
+        return self.handle
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._sync is not None
+        try:
+            if self.handle.weight_sync is not None:
+                self.handle.weight_sync.close()
+        finally:
+            self._sync.__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> EngineHandle:
+        self._async = launched_async(self.cmd, **self._kwargs())  # type: ignore[arg-type]
+        proc = await self._async.__aenter__()
+        self.handle.pid = getattr(proc, "pid", None)
+        return self.handle
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._async is not None
+        try:
+            if self.handle.weight_sync is not None:
+                self.handle.weight_sync.close()
+        finally:
+            await self._async.__aexit__(exc_type, exc, tb)
+
+
+def launch_transformers_engine(
+    model: str,
+    *,
+    log_dir: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    python: str | None = None,
+    timeout_s: float = 180.0,
+    grace_s: float = 10.0,
+) -> EngineLaunch:
+    """The embedded engine (``python -m fineenvs.engine serve``) with its log in ``log_dir``."""
+    port = port or free_port(host)
+    cmd = [python or sys.executable, "-m", "fineenvs.engine", "serve", "--model", model]
+    cmd += ["--host", host, "--port", str(port), "--seed", str(seed), "--dtype", dtype]
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    url = f"http://{host}:{port}"
+    handle = EngineHandle(
+        url=url,
+        served_model_name=served_model_name or model,
+        kind="transformers",
+        weight_sync=EmbeddedWeightSync(url, log_dir / "weights"),
+        log_path=log_dir / "engine.log",
+    )
+    return EngineLaunch(
+        cmd=cmd,
+        env=None,
+        handle=handle,
+        log_path=log_dir / "engine.log",
+        timeout_s=timeout_s,
+        grace_s=grace_s,
+    )
+
+
+def launch_vllm(
+    args: VLLMServeArgs,
+    log_dir: Path,
+    *,
+    timeout_s: float = 1800.0,
+    grace_s: float = 30.0,
+    check_gpu: Callable[[], object] = require_cuda,
+) -> EngineLaunch:
+    """The published vLLM command. Refuses on a machine without a GPU before writing or starting
+    anything; writes the patched chat template into ``log_dir`` when ``args.chat_template`` is None."""
+    check_gpu()
+    exe = Path(build_serve_command(args)[0])
+    if args.python is not None and not exe.is_file():
+        raise FileNotFoundError(
+            f"engine.python={args.python}: no vLLM console script at {exe}. Install vLLM into that venv "
+            f"(`{args.python} -m pip install vllm==0.33.0`) or point engine.python at the venv that has it."
+        )
+    args = prepare_chat_template(args, log_dir)
+    if args.port == 0:
+        args = replace(args, port=free_port(args.host))
+    weight_sync: WeightSync | None = None
+    if args.weight_sync == "nccl":
+        weight_sync = VLLMNcclWeightSync(args.url)
+    elif args.weight_sync == "reload":
+        weight_sync = VLLMReloadWeightSync(args.url, log_dir / "weights")
+    handle = EngineHandle(
+        url=args.url,
+        served_model_name=args.name,
+        kind="vllm",
+        weight_sync=weight_sync,
+        log_path=log_dir / "vllm.log",
+    )
+    return EngineLaunch(
+        cmd=build_serve_command(args),
+        env=build_serve_env(args),
+        handle=handle,
+        log_path=log_dir / "vllm.log",
+        timeout_s=timeout_s,
+        grace_s=grace_s,
+    )

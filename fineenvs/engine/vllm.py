@@ -1,0 +1,354 @@
+"""The vLLM serve command of the published runs, built from plain typed arguments.
+
+``build_serve_command(args)`` reproduces, flag for flag and in the same order, the command of the
+published recipe (FineEnvs ``runtime/models.py: serving_command``; reference: published-system.md
+§2): full-vocabulary sampling pinned server-side (``--generation-config vllm`` plus
+``--override-generation-config`` with the training temperature, top_p 1.0, top_k -1), processed
+logprobs (``--logprobs-mode processed_logprobs``), ``token_id:<id>`` logprob strings
+(``--return-tokens-as-token-ids``), the model's tool-call parser and a patched non-thinking chat
+template. ``build_serve_env(args)`` sets ``VLLM_SERVER_DEV_MODE=1`` only when weight sync is on:
+the weight routes are unauthenticated dev routes, so the server stays on loopback by default.
+
+Per model family (detected from ``served_model_name`` or ``model``, or forced with ``family``):
+
+- LFM2.5: ``--tool-call-parser lfm2`` and a closed-thinking template (the generation prompt ends
+  in ``<think></think>``), derived from TRL's ``lfm2_2_5.jinja``.
+- Qwen3.5: ``--tool-call-parser qwen3_xml``, a template prefixed with
+  ``{%- set enable_thinking = false -%}`` (derived from TRL's ``qwen3_5_nothink.jinja``), and
+  ``--limit-mm-per-prompt '{"image":0,"video":0}' --gdn-prefill-backend triton``.
+- Qwen3.8 (the SFT teacher, Qwen3.8-27B): the public record has no serve command for the teacher,
+  so it gets the Qwen3.5 treatment applied to TRL's ``qwen3_8.jinja``, without weight sync.
+
+Running vLLM from its own environment
+-------------------------------------
+vLLM 0.33 pins CUDA torch 2.14 and transformers <5.21; the trainer environment uses transformers
+5.24. Install vLLM into a venv of its own and point ``python`` (``engine.python``) at it::
+
+    python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0
+    ... engine=vllm engine.python=~/venvs/vllm/bin/python
+
+The command then runs that venv's console script, ``<venv>/bin/vllm serve ...``, with the venv's
+``bin`` first on ``PATH`` and ``VIRTUAL_ENV`` set, and the caller's ``PYTHONPATH``/``PYTHONHOME``
+removed so the trainer's packages cannot shadow vLLM's pins. Without ``python``, ``vllm`` is taken
+from ``PATH``. Nothing here imports vllm.
+
+What is not covered: multi-node serving, LoRA, speculative decoding, the scale-out
+render/generate/derender routes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+
+class ModelFamily(StrEnum):
+    lfm2_5 = "lfm2_5"
+    qwen3_5 = "qwen3_5"
+    qwen3_8 = "qwen3_8"
+    generic = "generic"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    tool_call_parser: str | None
+    trl_template: str | None
+    """File under ``trl/chat_templates/`` that the patched serving template is derived from."""
+    extra_args: tuple[str, ...] = ()
+
+
+_QWEN_ARGS = ("--limit-mm-per-prompt", '{"image":0,"video":0}', "--gdn-prefill-backend", "triton")
+
+PROFILES: dict[ModelFamily, ModelProfile] = {
+    ModelFamily.lfm2_5: ModelProfile("lfm2", "lfm2_2_5.jinja"),
+    ModelFamily.qwen3_5: ModelProfile("qwen3_xml", "qwen3_5_nothink.jinja", _QWEN_ARGS),
+    ModelFamily.qwen3_8: ModelProfile("qwen3_xml", "qwen3_8.jinja", _QWEN_ARGS),
+    ModelFamily.generic: ModelProfile(None, None),
+}
+
+# The published runs' base models with their pinned Hub revisions (FineEnvs configs/default.json).
+PUBLISHED_MODELS: dict[str, tuple[str, str | None]] = {
+    "lfm": ("LiquidAI/LFM2.5-2.6B", "654f9463ce32b05d0429d76fe1f580b27d4c1ac0"),
+    "qwen": ("Qwen/Qwen3.5-2B", "15852e8c16360a2fea060d615a32b45270f8a8fc"),
+    "teacher": ("Qwen/Qwen3.8-27B", None),
+}
+
+WEIGHT_SYNC_MODES = ("nccl", "reload")
+DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False, "preserve_thinking": True}
+
+
+def model_family(name: str) -> ModelFamily:
+    """The family of a Hub id or local path, from its last path component (``generic`` if unknown)."""
+    leaf = name.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", ".")
+    if leaf.startswith("lfm2.5"):
+        return ModelFamily.lfm2_5
+    if leaf.startswith("qwen3.5"):
+        return ModelFamily.qwen3_5
+    if leaf.startswith("qwen3.8"):
+        return ModelFamily.qwen3_8
+    return ModelFamily.generic
+
+
+@dataclass
+class VLLMServeArgs:
+    """Everything the vLLM serve command depends on (the lead maps ``engine.*`` config onto it)."""
+
+    model: str
+    """Hub id or local checkpoint directory to load."""
+    served_model_name: str | None = None
+    """Name clients use; defaults to ``model``. Keep the base id when serving a checkpoint."""
+    revision: str | None = None
+    """Hub revision (only meaningful when ``model`` is a Hub id)."""
+    family: ModelFamily | None = None
+    """Force the model family (tool parser, template, extra flags); detected from the name if None."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int = 131072
+    gpu_memory_utilization: float = 0.85
+    tool_call_parser: str | None = None
+    """Overrides the family's parser; None keeps it (generic models then get no tool parsing)."""
+    chat_template: Path | None = None
+    """Serving template file; ``prepare_chat_template`` writes the family's patched one if None."""
+    default_chat_template_kwargs: dict[str, Any] | None = field(
+        default_factory=lambda: dict(DEFAULT_CHAT_TEMPLATE_KWARGS)
+    )
+    temperature: float = 0.8
+    """Training temperature, pinned server-side through --override-generation-config."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) disables top-k; emitted as -1 like the published command."""
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = False
+    weight_sync: str | None = None
+    """``nccl`` (native weight transfer) or ``reload`` (checkpoint reload); both need dev mode."""
+    safetensors_load_strategy: str | None = None
+    """``eager`` reads network/bucket checkpoints sequentially instead of memory-mapping them."""
+    extra_args: list[str] = field(default_factory=list)
+    """Appended verbatim, last, so they can override anything above."""
+    python: str | None = None
+    """Python of a separate vLLM venv; the command then runs ``<venv>/bin/vllm``."""
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not 0 <= self.port <= 65535:
+            errors.append(f"engine.port must be in 1..65535, or 0 for a free one (got {self.port}).")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            errors.append(
+                "engine.tensor_parallel_size and engine.data_parallel_size must be >= 1 "
+                f"(got {self.tensor_parallel_size}, {self.data_parallel_size})."
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            errors.append(
+                f"engine.gpu_memory_utilization is a fraction in (0, 1] (got {self.gpu_memory_utilization})."
+            )
+        if self.temperature <= 0:
+            errors.append(
+                f"sampling.temperature must be > 0 for training (got {self.temperature}): processed "
+                "logprobs at temperature 0 are not the distribution the trainer recomputes."
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            errors.append(f"sampling.top_p must be in (0, 1] (got {self.top_p}).")
+        if self.weight_sync is not None and self.weight_sync not in WEIGHT_SYNC_MODES:
+            errors.append(
+                f"engine.weight_sync must be one of {', '.join(WEIGHT_SYNC_MODES)} or null "
+                f"(got {self.weight_sync!r})."
+            )
+        if self.max_model_len < 1:
+            errors.append(f"engine.max_model_len must be >= 1 (got {self.max_model_len}).")
+        if errors:
+            raise ValueError("Invalid vLLM serve arguments:\n  " + "\n  ".join(errors))
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def resolved_family(self) -> ModelFamily:
+        if self.family is not None:
+            return self.family
+        by_name = model_family(self.name)
+        return by_name if by_name is not ModelFamily.generic else model_family(self.model)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def vllm_executable(args: VLLMServeArgs) -> str:
+    """``<venv>/bin/vllm`` next to ``args.python``, else ``vllm`` from PATH."""
+    if args.python is None:
+        return "vllm"
+    return str(Path(args.python).expanduser().parent / "vllm")
+
+
+def build_serve_command(args: VLLMServeArgs) -> list[str]:
+    """The ``vllm serve`` argv (published flag order; see the module docstring)."""
+    profile = PROFILES[args.resolved_family]
+    parser = args.tool_call_parser or profile.tool_call_parser
+    generation = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    if args.top_k <= 0:
+        generation["top_k"] = -1  # 0 and -1 both disable top-k in vLLM; the published runs sent -1
+    cmd = [vllm_executable(args), "serve", args.model]
+    cmd += ["--host", args.host, "--port", str(args.port), "--served-model-name", args.name]
+    cmd += ["--dtype", args.dtype]
+    cmd += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    cmd += ["--data-parallel-size", str(args.data_parallel_size)]
+    cmd += ["--max-model-len", str(args.max_model_len)]
+    cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if parser is not None:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if args.chat_template is not None:
+        cmd += ["--chat-template", str(args.chat_template)]
+    if args.default_chat_template_kwargs:
+        cmd += ["--default-chat-template-kwargs", _compact_json(args.default_chat_template_kwargs)]
+    cmd += ["--generation-config", "vllm", "--override-generation-config", _compact_json(generation)]
+    cmd += ["--logprobs-mode", "processed_logprobs", "--return-tokens-as-token-ids"]
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
+    cmd.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
+    if args.revision:
+        cmd += ["--revision", args.revision]
+    if args.safetensors_load_strategy:
+        cmd += ["--safetensors-load-strategy", args.safetensors_load_strategy]
+    if args.weight_sync == "nccl":
+        cmd += ["--weight-transfer-config", '{"backend":"nccl"}']
+    cmd += list(profile.extra_args)
+    cmd += list(args.extra_args)
+    return cmd
+
+
+def build_serve_env(args: VLLMServeArgs, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: ``base`` (default ``os.environ``) adjusted for dev mode and the venv."""
+    env = dict(os.environ if base is None else base)
+    if args.weight_sync is not None:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        # An inherited dev-mode flag would expose unauthenticated weight routes nobody asked for.
+        env.pop("VLLM_SERVER_DEV_MODE", None)
+    if args.python is not None:
+        venv_bin = str(Path(args.python).expanduser().parent)
+        env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONHOME", None)
+    return env
+
+
+def published_serve_args(
+    key: str,
+    *,
+    training: bool,
+    chat_template: Path | None = None,
+    checkpoint: str | None = None,
+    port: int = 8000,
+    temperature: float = 0.8,
+) -> VLLMServeArgs:
+    """The published configuration for ``lfm``, ``qwen`` or ``teacher`` (training: DP 1 + NCCL sync;
+    otherwise DP 2 as in the published evaluation). A ``checkpoint`` is served under the base name,
+    without ``--revision`` and with eager safetensors loading, as the published eval jobs did."""
+    if key not in PUBLISHED_MODELS:
+        raise ValueError(f"Unknown published model {key!r}. Known: {', '.join(PUBLISHED_MODELS)}.")
+    if key == "teacher" and training:
+        raise ValueError("The teacher (Qwen3.8-27B) only generates SFT data; it is never trained.")
+    model_id, revision = PUBLISHED_MODELS[key]
+    return VLLMServeArgs(
+        model=checkpoint or model_id,
+        served_model_name=model_id,
+        revision=None if checkpoint else revision,
+        port=port,
+        data_parallel_size=1 if training else 2,
+        chat_template=chat_template,
+        temperature=temperature,
+        weight_sync="nccl" if training else None,
+        safetensors_load_strategy="eager" if checkpoint else None,
+    )
+
+
+# --- patched chat templates -------------------------------------------------------------------
+
+_LFM_PROMPT_HUB = '{{- "<|im_start|>assistant\\n<think>" -}}'
+_LFM_PROMPT_TRL = '{{- "<|im_start|>assistant\\n" -}}'
+_LFM_PROMPT_CLOSED = '{{- "<|im_start|>assistant\\n<think></think>" -}}'
+_QWEN_NO_THINKING = "{%- set enable_thinking = false -%}\n"
+
+
+def trl_chat_template(name: str) -> str:
+    """A template shipped with TRL (``trl/chat_templates/<name>``), read without importing trl."""
+    from importlib.util import find_spec
+
+    spec = find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("TRL is not installed; the patched chat templates are derived from its templates.")
+    path = Path(next(iter(spec.submodule_search_locations))) / "chat_templates" / name
+    if not path.is_file():
+        raise RuntimeError(f"TRL has no chat template {name} at {path}: check the pinned trl version.")
+    return path.read_text()
+
+
+def patch_template(family: ModelFamily, template: str) -> str:
+    """The non-thinking serving variant of a family's template (see the module docstring)."""
+    if family is ModelFamily.lfm2_5:
+        # The Hub template opens <think> in the generation prompt; TRL's copy opens nothing. Both
+        # become a closed block, which is the prefix the published LFM runs were served with.
+        for old in (_LFM_PROMPT_HUB, _LFM_PROMPT_TRL):
+            if template.count(old) == 1:
+                return template.replace(old, _LFM_PROMPT_CLOSED)
+        raise ValueError(
+            "LFM2.5 chat template changed: its generation prompt is neither "
+            f"{_LFM_PROMPT_HUB} nor {_LFM_PROMPT_TRL} (exactly once); requalify the non-thinking patch."
+        )
+    if family in (ModelFamily.qwen3_5, ModelFamily.qwen3_8):
+        return template if template.startswith(_QWEN_NO_THINKING) else _QWEN_NO_THINKING + template
+    raise ValueError(f"No non-thinking template patch for model family {family.value}.")
+
+
+def generation_prompt(template: str) -> str:
+    """The rendered generation prompt for one user turn, asking for thinking (the patch must win)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    result: Any = render_jinja_template(
+        [[{"role": "user", "content": "Say OK."}]],
+        chat_template=template,
+        add_generation_prompt=True,
+        enable_thinking=True,
+        preserve_thinking=True,
+    )
+    return str(result[0][0])  # (rendered conversations, generation indices)
+
+
+def check_generation_prompt_closed(template: str) -> None:
+    """Raise if the generation prompt leaves a thinking block open (the model would think)."""
+    tail = generation_prompt(template).rsplit("<|im_start|>assistant", 1)[-1]
+    if "</think>" not in tail or tail.count("<think>") != tail.count("</think>"):
+        raise ValueError(f"The generation prompt still opens a thinking block: {tail!r}")
+
+
+def write_chat_template(family: ModelFamily, directory: Path) -> Path:
+    """Derive the family's patched template from TRL's copy, check it, write it into ``directory``."""
+    source = PROFILES[family].trl_template
+    if source is None:
+        raise ValueError(f"Model family {family.value} has no published serving template.")
+    template = patch_template(family, trl_chat_template(source))
+    check_generation_prompt_closed(template)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{family.value}_nothink.jinja"
+    path.write_text(template)
+    return path
+
+
+def prepare_chat_template(args: VLLMServeArgs, run_dir: Path) -> VLLMServeArgs:
+    """``args`` with the family's patched template written under ``run_dir`` when none is given."""
+    if args.chat_template is not None or PROFILES[args.resolved_family].trl_template is None:
+        return args
+    return replace(args, chat_template=write_chat_template(args.resolved_family, run_dir))
