@@ -1,0 +1,130 @@
+"""Codex (``@openai/codex``): OpenAI Responses through a custom provider in ``config.toml``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fineenvs.harnesses.base import (
+    OPENAI_RESPONSES,
+    Harness,
+    Outputs,
+    iter_json_lines,
+    read_text,
+    with_v1,
+)
+
+KEY_ENV = "FINEENVS_SESSION_KEY"
+
+
+def _toml_str(value: str) -> str:
+    # JSON string escaping is valid TOML basic-string escaping for the characters we emit.
+    return json.dumps(value)
+
+
+class Codex(Harness):
+    name = "codex"
+    package = "@openai/codex"
+    registry = "npm"
+    version = "0.171.0"
+    binary = "codex"
+    api_formats = (OPENAI_RESPONSES,)
+    default_format = OPENAI_RESPONSES
+
+    def write_config(
+        self,
+        home: Path,
+        workdir: Path,
+        *,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+        step_limit: int | None,
+    ) -> None:
+        self.check_format(api_format)
+        # A custom provider (not the built-in `openai`) avoids the WebSocket upgrade attempts and
+        # the OPENAI_BASE_URL env var, which codex ignores anyway.
+        text = "\n".join(
+            [
+                f"model = {_toml_str(model)}",
+                'model_provider = "fineenvs"',
+                "check_for_update_on_startup = false",
+                'approval_policy = "never"',
+                'sandbox_mode = "danger-full-access"',
+                "",
+                "[model_providers.fineenvs]",
+                'name = "fineenvs"',
+                f"base_url = {_toml_str(with_v1(base_url))}",
+                f"env_key = {_toml_str(KEY_ENV)}",
+                'wire_api = "responses"',
+                "request_max_retries = 1",
+                "stream_max_retries = 1",
+                "",
+                "[analytics]",
+                "enabled = false",
+                "",
+                "[features]",
+                "plugins = false",
+                "",
+                "[history]",
+                'persistence = "none"',
+                "",
+            ]
+        )
+        path = home / ".codex" / "config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def command(
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
+    ) -> list[str]:
+        return [
+            str(self.binary_path),
+            "exec",
+            "--json",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--skip-git-repo-check",
+            "-C",
+            str(workdir),
+            task_prompt,
+        ]
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env.update({"CODEX_HOME": str(home / ".codex"), KEY_ENV: session_key})
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+        tool_calls = 0
+        final: str | None = None
+        for ev in events:
+            if ev.get("type") != "item.completed":
+                continue
+            item = ev.get("item") or {}
+            kind = item.get("type") or item.get("item_type")
+            if kind in ("command_execution", "mcp_tool_call", "file_change"):
+                tool_calls += 1
+            elif kind in ("agent_message", "assistant_message"):
+                text = item.get("text")
+                final = text if isinstance(text, str) else final
+        return Outputs(
+            final_text=final, native_tool_calls=tool_calls if events else None, detail="exec --json"
+        )

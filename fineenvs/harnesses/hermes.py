@@ -1,0 +1,122 @@
+"""Hermes Agent (``hermes-agent``, PyPI): Chat, Messages or Responses through a custom provider."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fineenvs.harnesses.base import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    Harness,
+    Outputs,
+    read_text,
+    strip_v1,
+    with_v1,
+)
+
+MODE_BY_FORMAT = {
+    OPENAI_CHAT: "chat_completions",
+    ANTHROPIC_MESSAGES: "anthropic_messages",
+    OPENAI_RESPONSES: "codex_responses",
+}
+CONTEXT_LENGTH = 200000
+
+
+class Hermes(Harness):
+    name = "hermes"
+    package = "hermes-agent"
+    registry = "pypi"
+    version = "0.19.0"
+    binary = "hermes"
+    api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES, OPENAI_RESPONSES)
+    default_format = OPENAI_CHAT
+    # The newest anthropic SDK breaks hermes' Messages mode (httpx2 timeout error).
+    extra_requirements = ("anthropic==0.87.0",)
+    honours_step_limit = True  # agent.max_turns
+
+    def write_config(
+        self,
+        home: Path,
+        workdir: Path,
+        *,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+        step_limit: int | None,
+    ) -> None:
+        fmt = self.check_format(api_format)
+        url = strip_v1(base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(base_url)
+        # `provider: custom:NAME` (not plain `custom`) is what makes api_mode take effect;
+        # context_length stops the model-metadata probes and the openrouter lookup.
+        config = {
+            "model": {"default": model, "provider": "custom:fineenvs", "context_length": CONTEXT_LENGTH},
+            "custom_providers": [
+                {
+                    "name": "fineenvs",
+                    "base_url": url,
+                    "api_key": session_key,
+                    "api_mode": MODE_BY_FORMAT[fmt],
+                    "model": model,
+                    "context_length": CONTEXT_LENGTH,
+                }
+            ],
+            "agent": {"max_turns": step_limit or 90},
+            "telemetry": {"enabled": False},
+        }
+        path = home / ".hermes" / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # JSON is valid YAML; no YAML writer needed.
+        path.write_text(json.dumps(config, indent=2) + "\n")
+
+    def command(
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
+    ) -> list[str]:
+        return [str(self.binary_path), "-z", task_prompt, "--yolo"]
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env.update(
+            {
+                "HERMES_HOME": str(home / ".hermes"),
+                "HERMES_DISABLE_LAZY_INSTALLS": "1",
+                "HERMES_DISABLE_UPDATE_CHECK": "1",
+            }
+        )
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        final = read_text(attempt_dir / "stdout.txt").strip() or None
+        tool_calls: int | None = None
+        sessions = attempt_dir / "home" / ".hermes" / "sessions"
+        for path in sorted(sessions.glob("*.json")) if sessions.is_dir() else []:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            messages = data.get("messages") if isinstance(data, dict) else None
+            if isinstance(messages, list):
+                tool_calls = (tool_calls or 0) + sum(
+                    len(m.get("tool_calls") or [])
+                    for m in messages
+                    if isinstance(m, dict) and m.get("role") == "assistant"
+                )
+        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="stdout + ~/.hermes/sessions")

@@ -1,0 +1,180 @@
+"""Install pinned harness CLIs into the cache, one prefix (npm) or virtual environment (PyPI) each.
+
+Layout: ``harness_cache()/<name>-<version>/`` holding ``node_modules/`` (npm) or ``venv/`` (PyPI)
+and a marker file with the version. An install goes into a temporary sibling directory that is
+renamed into place only when complete, under a per-harness file lock, so two processes installing
+at once never see half a harness and a second caller waits and then finds it done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fineenvs.harnesses.base import MARKER_FILE, Harness
+from fineenvs.paths import harness_cache
+
+# Python agents must never pull a second torch into their venv (it is huge and conflicts).
+PIP_CONSTRAINTS = "torch==2.13.0\n"
+
+
+class InstallError(RuntimeError):
+    """An install command failed; the message names the harness, the command and the log file."""
+
+
+def base_python() -> str:
+    """The system interpreter, not this project's venv (a venv of a venv would inherit its paths)."""
+    base = getattr(sys, "_base_executable", None)
+    if base and Path(base).exists():
+        return str(base)
+    found = shutil.which("python3")
+    if not found:
+        raise InstallError("no python3 on PATH to create harness virtual environments; install python3")
+    return found
+
+
+def log_path(h: Harness) -> Path:
+    return harness_cache() / f"{h.name}-{h.version}.install.log"
+
+
+def _run(cmd: list[str], *, log: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd, env=env, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise InstallError(f"command failed (exit {proc.returncode}): {' '.join(cmd)}\nlog: {log}\n{tail}")
+
+
+def _relocate_venv_scripts(venv: Path, old: Path, new: Path) -> None:
+    """Console scripts carry their venv's absolute path in the shebang; point them at the final one."""
+    old_b, new_b = str(old).encode(), str(new).encode()
+    for path in (venv / "bin").iterdir():
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if old_b in data[:100_000] and b"\0" not in data[:4096]:
+            path.write_bytes(data.replace(old_b, new_b))
+    cfg = venv / "pyvenv.cfg"
+    if cfg.exists():
+        cfg.write_bytes(cfg.read_bytes().replace(old_b, new_b))
+
+
+def _install_into(h: Harness, tmp: Path, log: Path) -> None:
+    reqs = h.install_requirements()
+    if h.registry == "npm":
+        npm = shutil.which("npm")
+        if not npm:
+            raise InstallError(f"{h.name} needs npm (and node >= 20): apt-get install nodejs npm")
+        env = {**os.environ, "npm_config_update_notifier": "false"}
+        _run(
+            [npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--loglevel=error", *reqs],
+            log=log,
+            env=env,
+        )
+        return
+    venv = tmp / "venv"
+    _run([base_python(), "-m", "venv", str(venv)], log=log)
+    constraints = tmp / "constraints.txt"
+    constraints.write_text(PIP_CONSTRAINTS)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    _run([*pip, "install", "--disable-pip-version-check", "-c", str(constraints), *reqs], log=log)
+
+
+def install(h: Harness, *, force: bool = False, echo: Callable[[str], None] = print) -> Path:
+    """Install ``h`` at its pinned version (no-op when already installed); return its directory."""
+    if h.is_installed() and not force:
+        return h.install_dir
+    cache = harness_cache()
+    lock_path = cache / f".{h.name}-{h.version}.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if h.is_installed() and not force:
+            return h.install_dir
+        log = log_path(h)
+        log.write_text(f"install {h.name} {h.version} at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+        echo(f"installing {h.name} {h.version} ({h.registry}: {' '.join(h.install_requirements())}) ...")
+        started = time.monotonic()
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{h.name}-{h.version}-", dir=cache))
+        try:
+            _install_into(h, tmp, log)
+            if h.registry == "pypi":
+                _relocate_venv_scripts(tmp / "venv", tmp, h.install_dir)
+            (tmp / MARKER_FILE).write_text(
+                json.dumps(
+                    {
+                        "name": h.name,
+                        "package": h.package,
+                        "version": h.version,
+                        "requirements": h.install_requirements(),
+                    }
+                )
+            )
+            final = h.install_dir
+            if final.exists():
+                trash = Path(tempfile.mkdtemp(prefix=f".old-{h.name}-", dir=cache))
+                final.rename(trash / "old")
+                shutil.rmtree(trash, ignore_errors=True)
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if not h.binary_path.exists():
+            raise InstallError(
+                f"{h.name} {h.version} installed but its binary {h.binary_path} is missing; see {log}"
+            )
+        echo(f"installed {h.name} {h.version} in {time.monotonic() - started:.0f} s -> {h.install_dir}")
+        return h.install_dir
+
+
+def install_many(
+    harnesses: Iterable[Harness], *, force: bool = False, jobs: int = 3
+) -> dict[str, str | None]:
+    """Install several harnesses in parallel; returns name -> error message (None when fine)."""
+    items = list(harnesses)
+    results: dict[str, str | None] = {}
+
+    def one(h: Harness) -> tuple[str, str | None]:
+        try:
+            install(h, force=force)
+        except (InstallError, OSError) as exc:
+            return h.name, str(exc)
+        return h.name, None
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for name, err in pool.map(one, items):
+            results[name] = err
+    return results
+
+
+def problems(harnesses: Iterable[Harness]) -> list[str]:
+    """Clear, actionable messages for every harness that is missing or at the wrong version."""
+    out: list[str] = []
+    for h in harnesses:
+        found = h.installed_version()
+        if found is None:
+            out.append(
+                f"harness {h.name} ({h.package} {h.version}) is not installed in {h.install_dir}; "
+                f"run: {h.install_command_hint()}"
+            )
+        elif found != h.version:
+            out.append(
+                f"harness {h.name} is installed at version {found} but {h.version} is pinned; "
+                f"run: {h.install_command_hint()}"
+            )
+        elif not h.binary_path.exists():
+            out.append(
+                f"harness {h.name} {h.version} is incomplete ({h.binary_path} missing); "
+                f"run: {h.install_command_hint()} --force"
+            )
+    return out
