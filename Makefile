@@ -1,0 +1,43 @@
+# One command per task; CI (.ci/run) calls these same targets.
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+
+.PHONY: help setup smoke test test-slow test-harness test-gpu check bench
+
+help:
+	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
+	@echo "make test         install everything, run the default test tier"
+	@echo "make test-slow    integration tier (tiny models trained on CPU, real servers, end to end)"
+	@echo "make test-harness real agent CLIs end to end through the proxy"
+	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
+	@echo "make check        ruff + mypy"
+	@echo "make bench        engine, proxy and tree benchmarks"
+
+setup:
+	scripts/setup.sh all
+
+smoke: setup
+	$(PY) -m fineenvs.run +experiment=smoke
+
+test: setup
+	$(PYTEST) -q
+
+test-slow: setup
+	$(PYTEST) -q -m slow
+
+test-harness: setup
+	$(PYTEST) -q -m harness
+
+test-gpu: setup
+	$(PYTEST) -q -m gpu
+
+check: setup
+	$(VENV)/bin/ruff check fineenvs tests
+	$(VENV)/bin/ruff format --check fineenvs tests
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) -m fineenvs.bench engine
+	$(PY) -m fineenvs.bench proxy
+	$(PY) -m fineenvs.bench tree

@@ -1,0 +1,604 @@
+"""Typed configuration: dataclass schemas registered in Hydra's ConfigStore, and one validator.
+
+Every YAML option under ``conf/<group>/`` starts from the schema registered here for its group, so
+a typo or a wrong type fails at composition with Hydra's own message (``trainer=sft
+trainer.num_generations=8`` fails because ``SFTSpec`` has no such field). ``to_run_config`` turns
+the composed ``DictConfig`` into these dataclasses once; code after that point sees only typed
+objects. ``validate`` runs every cross-field and cross-component check and raises one
+``ConfigError`` listing all problems, each with the full key, what is wrong, why, and the override
+that fixes it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """One or more configuration problems; ``problems`` holds each message."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} configuration problem(s):\n{lines}")
+
+
+# --------------------------------------------------------------------------- closed sets
+
+
+class Job(enum.Enum):
+    rl = "rl"
+    sft = "sft"
+    collect_teacher = "collect_teacher"
+    eval = "eval"
+
+
+class ModelSource(enum.Enum):
+    hub = "hub"  # a Hugging Face model id (needs Hub access or a local mirror)
+    tiny = "tiny"  # built locally by fineenvs.models.tiny, deterministic, offline
+    local = "local"  # a local directory in Hugging Face layout
+
+
+class ModelFamily(enum.Enum):
+    attention = "attention"  # attention-only (Qwen2/Qwen3 style)
+    lfm2 = "lfm2"  # hybrid: short-convolution + attention layers (LFM2 / LFM2.5)
+    qwen3_5 = "qwen3_5"  # hybrid: linear-attention + attention layers (Qwen3.5)
+
+
+class EngineKind(enum.Enum):
+    vllm = "vllm"
+    transformers = "transformers"
+
+
+class WeightSyncKind(enum.Enum):
+    auto = "auto"  # nccl for a launched vLLM, http for the embedded engine
+    nccl = "nccl"  # vLLM native weight transfer (VLLM_SERVER_DEV_MODE=1)
+    reload = "reload"  # save a checkpoint, vLLM reloads it from disk
+    http = "http"  # embedded engine: POST /update_weights_from_path
+    none = "none"  # never push weights (evaluation, teacher collection)
+
+
+class ApiFormat(enum.Enum):
+    openai_chat = "openai_chat"
+    openai_responses = "openai_responses"
+    anthropic_messages = "anthropic_messages"
+    gemini = "gemini"
+
+
+class Registry(enum.Enum):
+    npm = "npm"
+    pypi = "pypi"
+
+
+class SamplingPurpose(enum.Enum):
+    train = "train"
+    eval = "eval"
+
+
+class HarnessSelection(enum.Enum):
+    rotation = "rotation"  # published: harnesses[(task_index + pass) % n]
+    weighted = "weighted"  # deterministic weighted draw from the mix weights
+
+
+class LossNormalisation(enum.Enum):
+    per_token = "per_token"  # published: every trained token weighs the same
+    per_attempt = "per_attempt"  # each attempt weighs the same, however many rows it produced
+
+
+class ImportanceSampling(enum.Enum):
+    none = "none"  # published: no correction, staleness bounded instead
+    tis = "tis"  # truncated importance sampling (token level)
+    mask = "mask"  # drop tokens whose ratio leaves [1/clip, clip]
+
+
+class SharedPrefix(enum.Enum):
+    per_row = "per_row"  # published: shared sampled tokens count once in every row holding them
+    once = "once"  # counted in the first row only
+    inverse_count = "inverse_count"  # weighted 1 / (number of rows sharing them)
+
+
+class Overlong(enum.Enum):
+    drop = "drop"
+    split = "split"
+
+
+class LoggerKind(enum.Enum):
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(enum.Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+# --------------------------------------------------------------------------- group schemas
+
+
+@dataclass
+class ModelSpec:
+    name: str = MISSING
+    """Short name, matches the option file (``lfm2_5_2_6b``, ``tiny_qwen``)."""
+    source: ModelSource = ModelSource.hub
+    path: str = MISSING
+    """Hub id (``LiquidAI/LFM2.5-2.6B``), tiny model name (``tiny_qwen``) or local directory."""
+    revision: str | None = None
+    """Pinned Hub revision; the published runs pinned one per model."""
+    family: ModelFamily = ModelFamily.attention
+    tool_call_parser: str = "hermes"
+    """vLLM ``--tool-call-parser`` and the embedded engine's parser: hermes | lfm2 | qwen3_xml."""
+    chat_template: str = "native"
+    """native | lfm_closed_thinking | qwen_no_thinking (patched non-thinking templates)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "bfloat16"
+    max_model_len: int = 131072
+    seed: int = 0
+    """Seed of a tiny model's weights and tokenizer (same seed, byte-identical files)."""
+
+
+@dataclass
+class EngineSpec:
+    kind: EngineKind = MISSING
+    url: str | None = None
+    """Attach to a server someone else started instead of launching one."""
+    python: str | None = None
+    """Python of a separate vLLM environment (vLLM pins its own torch and transformers)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port."""
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None
+    """None uses model.max_model_len."""
+    dtype: str | None = None
+    """None uses model.dtype (the embedded engine on CPU uses float32)."""
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = False
+    weight_sync: WeightSyncKind = WeightSyncKind.auto
+    health_timeout_seconds: float = 900.0
+    max_queue: int = 256
+    """Embedded engine: requests waiting beyond this get a 503."""
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProxySpec:
+    host: str = "127.0.0.1"
+    port: int = 0
+    admin_key: str | None = None
+    """Required when host is not loopback; control routes then need it."""
+    max_model_calls: int = 17
+    """Default per-session model-call budget (the scheduler sets it per attempt)."""
+    max_output_tokens: int = 4096
+    max_body_bytes: int = 64 * 1024 * 1024
+    keepalive_seconds: float = 5.0
+    upstream_retries: int = 3
+    store_dir: str | None = None
+    """Call records; None means ``<output_dir>/records``."""
+
+
+@dataclass
+class HarnessSpec:
+    package: str = MISSING
+    version: str = MISSING
+    registry: Registry = MISSING
+    api_format: ApiFormat = MISSING
+    api_formats: list[ApiFormat] = field(default_factory=list)
+    """Formats this agent can speak (empty: only ``api_format``)."""
+    weight: float = 1.0
+    """Mix weight (used by ``scheduler.harness_selection=weighted``)."""
+    step_limit: int | None = None
+    """Step limit written into the agent's own config where it honours one."""
+
+
+@dataclass
+class TasksSpec:
+    name: str = MISSING
+    """demo | smoldataenvs"""
+    split: str = "train"
+    path: str | None = None
+    """Local directory (Harbor layout) instead of the Hub."""
+    revision: str | None = None
+    subset: str | None = None
+    """``published_1000``: the fixed 400 medium + 600 hard training subset."""
+    limit: int | None = None
+    difficulties: list[str] = field(default_factory=list)
+    seed: int = 0
+    eval_split: str = "test"
+
+
+@dataclass
+class SamplingSpec:
+    purpose: SamplingPurpose = SamplingPurpose.train
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) is off."""
+    min_p: float = 0.0
+    max_tokens: int = 4096
+    """Output tokens per model call."""
+
+
+@dataclass
+class RewardSpec:
+    terms: dict[str, float] = field(default_factory=lambda: {"correctness": 1.0})
+    """Named terms (fineenvs.rewards.REWARD_TERMS) and their weights."""
+    tool_budget: int = 15
+    require_verified_tool_count: bool = True
+
+
+@dataclass
+class GRPOSpec:
+    learning_rate: float = 3e-6
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    max_steps: int = 1000
+    per_device_batch_size: int = 4
+    gradient_accumulation_steps: int = 4
+    num_generations: int = 8
+    """Attempts per GRPO group; must equal scheduler.group_size."""
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
+    scale_rewards: str = "group"
+    normalisation: LossNormalisation = LossNormalisation.per_token
+    importance_sampling: ImportanceSampling = ImportanceSampling.none
+    importance_sampling_clip: float = 3.0
+    token_budget: int = 40960
+    max_completion_length: int = 16384
+    optim: str = "adamw_torch"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    weight_sync_interval: int = 1
+    save_steps: int = 50
+    eval_steps: int = 100
+    dtype: str = "bfloat16"
+    gradient_checkpointing: bool = True
+
+
+@dataclass
+class SFTSpec:
+    learning_rate: float = 3e-6
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    num_train_epochs: float = 2.0
+    max_steps: int = -1
+    per_device_batch_size: int = 1
+    gradient_accumulation_steps: int = 8
+    max_length: int = 40960
+    teacher_attempts_per_task: int = 3
+    save_steps: int = 50
+    dtype: str = "bfloat16"
+    gradient_checkpointing: bool = True
+
+
+@dataclass
+class SchedulerSpec:
+    group_size: int = 8
+    max_inflight: int = 32
+    max_staleness: int = 4
+    attempt_timeout_seconds: float = 600.0
+    max_model_calls: int = 17
+    harness_selection: HarnessSelection = HarnessSelection.rotation
+    passes: int = 2
+    seed: int = 0
+    max_consecutive_empty_groups: int = 3
+
+
+@dataclass
+class RowsSpec:
+    shared_prefix: SharedPrefix = SharedPrefix.per_row
+    overlong: Overlong = Overlong.drop
+    drop_discarded: bool = True
+    drop_auxiliary: bool = False
+
+
+@dataclass
+class LoggerSpec:
+    kind: LoggerKind = LoggerKind.none
+    mode: WandbMode = WandbMode.offline
+    project: str = "fineenvs"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalSpec:
+    split: str = "test"
+    limit: int | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    """Checkpoints to evaluate (``+experiment=eval``); empty: the model under ``model``."""
+    infra_retries: int = 2
+    concurrency: int = 35
+    subset_during_training: int | None = 50
+    """Tasks evaluated by the in-training hook every trainer.eval_steps (None: the whole split)."""
+
+
+@dataclass
+class RunConfig:
+    job: Job = Job.rl
+    experiment: str | None = None
+    dry_run: bool = False
+    seed: int = 0
+    output_dir: str | None = None
+    """None: Hydra's run directory."""
+    model: ModelSpec = MISSING
+    engine: EngineSpec = MISSING
+    proxy: ProxySpec = field(default_factory=ProxySpec)
+    harness: dict[str, HarnessSpec] = field(default_factory=dict)
+    tasks: TasksSpec = MISSING
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    reward: RewardSpec = field(default_factory=RewardSpec)
+    trainer: Any = MISSING
+    """GRPOSpec (trainer=grpo) or SFTSpec (trainer=sft)."""
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    rows: RowsSpec = field(default_factory=RowsSpec)
+    logger: LoggerSpec = field(default_factory=LoggerSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+
+def register_configs() -> None:
+    """Register the schemas; each YAML option names its group's schema in its defaults list."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="model", name="model_schema", node=ModelSpec)
+    cs.store(group="engine", name="engine_schema", node=EngineSpec)
+    cs.store(group="proxy", name="proxy_schema", node=ProxySpec)
+    cs.store(group="tasks", name="tasks_schema", node=TasksSpec)
+    cs.store(group="sampling", name="sampling_schema", node=SamplingSpec)
+    cs.store(group="reward", name="reward_schema", node=RewardSpec)
+    cs.store(group="trainer", name="grpo_schema", node=GRPOSpec)
+    cs.store(group="trainer", name="sft_schema", node=SFTSpec)
+    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSpec)
+    cs.store(group="logger", name="logger_schema", node=LoggerSpec)
+
+
+register_configs()
+
+
+# --------------------------------------------------------------------------- conversion + checks
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Convert a composed config into dataclasses, then run every check (all errors at once)."""
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RunConfig), type(run)
+    validate(run)
+    return run
+
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def validate(run: RunConfig) -> None:
+    """Raise ConfigError listing every problem in ``run``."""
+    problems: list[str] = []
+    problems += _check_sampling(run)
+    problems += _check_harnesses(run)
+    problems += _check_trainer(run)
+    problems += _check_scheduler(run)
+    problems += _check_engine(run)
+    problems += _check_proxy(run)
+    problems += _check_reward(run)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _check_sampling(run: RunConfig) -> list[str]:
+    s = run.sampling
+    out: list[str] = []
+    training = run.job is Job.rl or s.purpose is SamplingPurpose.train
+    if s.temperature < 0:
+        out.append(f"sampling.temperature must be >= 0 (got {s.temperature}). Fix: sampling.temperature=0.8")
+    if s.max_tokens < 1:
+        out.append(f"sampling.max_tokens must be >= 1 (got {s.max_tokens}). Fix: sampling.max_tokens=4096")
+    if training:
+        why = (
+            "training needs full-distribution sampling: with truncation the engine's processed logprobs come "
+            "from a different distribution than the trainer's recomputed policy, so the importance ratio "
+            "drifts (published: top_p 1.0 moved it from 0.985-0.993 to 0.9984-0.9999) and truncation "
+            "biases exploration toward entropy collapse"
+        )
+        if s.top_p != 1.0:
+            out.append(
+                f"sampling.top_p is {s.top_p} but must be 1.0 for training: {why}. Fix: sampling.top_p=1.0"
+            )
+        if s.top_k > 0:
+            out.append(
+                f"sampling.top_k is {s.top_k} but must be off (-1) for training: {why}. Fix: sampling.top_k=-1"
+            )
+        if s.min_p != 0.0:
+            out.append(
+                f"sampling.min_p is {s.min_p} but must be 0 for training: {why}. Fix: sampling.min_p=0"
+            )
+        if s.temperature == 0.0:
+            out.append(
+                "sampling.temperature is 0 (greedy) but RL needs sampled attempts: a group of identical greedy "
+                "attempts has no reward contrast. Fix: sampling=published (temperature 0.8)"
+            )
+    return out
+
+
+def _check_harnesses(run: RunConfig) -> list[str]:
+    out: list[str] = []
+    if not run.harness:
+        out.append(
+            "harness is empty: a job needs at least one agent. Fix: harness=opencode or harness=paper_mix"
+        )
+    for name, h in run.harness.items():
+        formats = h.api_formats or [h.api_format]
+        if h.api_format not in formats:
+            known = ", ".join(f.value for f in formats)
+            out.append(
+                f"harness.{name}.api_format is {h.api_format.value} but {name} speaks only {known}. "
+                f"Fix: harness.{name}.api_format={formats[0].value}"
+            )
+        if h.weight <= 0:
+            out.append(
+                f"harness.{name}.weight must be > 0 (got {h.weight}): a zero-weight harness never gets a "
+                f"group. Fix: harness.{name}.weight=1.0, or leave {name} out of the harness list"
+            )
+    return out
+
+
+def _check_trainer(run: RunConfig) -> list[str]:
+    t = run.trainer
+    out: list[str] = []
+    if run.job in (Job.rl,) and not isinstance(t, GRPOSpec):
+        out.append("job=rl needs trainer=grpo (got an SFT trainer). Fix: trainer=grpo, or job=sft")
+    if run.job is Job.sft and not isinstance(t, SFTSpec):
+        out.append("job=sft needs trainer=sft. Fix: trainer=sft")
+    if isinstance(t, GRPOSpec):
+        if t.num_generations < 2:
+            out.append(
+                f"trainer.num_generations must be >= 2 for GRPO (got {t.num_generations}): group-relative "
+                "advantages need at least two attempts per task. Use trainer=sft for single-sample training."
+            )
+        if t.num_generations != run.scheduler.group_size:
+            out.append(
+                f"trainer.num_generations ({t.num_generations}) != scheduler.group_size "
+                f"({run.scheduler.group_size}): a GRPO group is the scheduler's group of attempts. "
+                f"Fix: scheduler.group_size={t.num_generations}"
+            )
+        if t.learning_rate <= 0:
+            out.append(
+                f"trainer.learning_rate must be > 0 (got {t.learning_rate}). Fix: trainer.learning_rate=3e-6"
+            )
+        if t.max_steps < 1:
+            out.append(f"trainer.max_steps must be >= 1 (got {t.max_steps}). Fix: trainer.max_steps=1000")
+        if t.save_steps < 1 or t.eval_steps < 1:
+            out.append("trainer.save_steps and trainer.eval_steps must be >= 1. Fix: trainer.save_steps=50")
+        elif t.eval_steps % t.save_steps != 0:
+            out.append(
+                f"trainer.eval_steps ({t.eval_steps}) must be a multiple of trainer.save_steps ({t.save_steps}): "
+                "evaluation runs on saved checkpoints. Fix: trainer.eval_steps=100 trainer.save_steps=50"
+            )
+        if t.loss_type not in _TRL_LOSS_TYPES:
+            out.append(
+                f"trainer.loss_type '{t.loss_type}' is not a TRL GRPO loss type. Known: "
+                f"{', '.join(sorted(_TRL_LOSS_TYPES))}. Fix: trainer.loss_type=dapo"
+            )
+        if t.scale_rewards not in ("group", "batch", "none"):
+            out.append(f"trainer.scale_rewards must be group, batch or none (got {t.scale_rewards}).")
+        if t.importance_sampling is not ImportanceSampling.none and t.importance_sampling_clip <= 1.0:
+            out.append(
+                f"trainer.importance_sampling_clip must be > 1 (got {t.importance_sampling_clip}): it bounds "
+                "the ratio from above. Fix: trainer.importance_sampling_clip=3.0"
+            )
+        if t.token_budget < run.sampling.max_tokens:
+            out.append(
+                f"trainer.token_budget ({t.token_budget}) is smaller than one model call's output "
+                f"(sampling.max_tokens={run.sampling.max_tokens}). Fix: trainer.token_budget=40960"
+            )
+    return out
+
+
+_TRL_LOSS_TYPES = {"grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"}
+
+
+def _check_scheduler(run: RunConfig) -> list[str]:
+    s = run.scheduler
+    out: list[str] = []
+    if s.max_inflight < s.group_size:
+        out.append(
+            f"scheduler.max_inflight ({s.max_inflight}) < scheduler.group_size ({s.group_size}): a whole group "
+            f"must be able to run at once. Fix: scheduler.max_inflight={s.group_size * 4}"
+        )
+    if s.max_model_calls < 2:
+        out.append(
+            f"scheduler.max_model_calls must be >= 2 (got {s.max_model_calls}): an agent needs a call to act "
+            "and one to see the result. Fix: scheduler.max_model_calls=17"
+        )
+    if s.attempt_timeout_seconds <= 0:
+        out.append(
+            "scheduler.attempt_timeout_seconds must be > 0. Fix: scheduler.attempt_timeout_seconds=600"
+        )
+    if s.max_staleness < 0:
+        out.append("scheduler.max_staleness must be >= 0. Fix: scheduler.max_staleness=4")
+    if s.passes < 1:
+        out.append("scheduler.passes must be >= 1. Fix: scheduler.passes=2")
+    return out
+
+
+def _check_engine(run: RunConfig) -> list[str]:
+    e = run.engine
+    out: list[str] = []
+    if e.kind is EngineKind.transformers and e.python:
+        out.append(
+            "engine.python is set but only engine=vllm runs in a separate environment; the embedded engine "
+            "uses this Python. Fix: engine.python=null"
+        )
+    if e.weight_sync is WeightSyncKind.nccl and e.kind is not EngineKind.vllm:
+        out.append("engine.weight_sync=nccl needs engine=vllm. Fix: engine.weight_sync=auto")
+    if e.tensor_parallel_size < 1 or e.data_parallel_size < 1:
+        out.append("engine.tensor_parallel_size and engine.data_parallel_size must be >= 1.")
+    if not 0.0 < e.gpu_memory_utilization <= 1.0:
+        out.append(f"engine.gpu_memory_utilization must be in (0, 1] (got {e.gpu_memory_utilization}).")
+    if e.host not in _LOOPBACK and not e.url:
+        out.append(
+            f"engine.host is {e.host}: a launched engine (vLLM dev routes included) must bind loopback; its "
+            "weight routes are unauthenticated. Fix: engine.host=127.0.0.1"
+        )
+    if run.model.source is ModelSource.tiny and e.kind is EngineKind.vllm and not e.url:
+        out.append(
+            f"model={run.model.name} is a tiny local model for the embedded engine; vLLM serves real "
+            "checkpoints. Fix: engine=transformers"
+        )
+    return out
+
+
+def _check_proxy(run: RunConfig) -> list[str]:
+    p = run.proxy
+    out: list[str] = []
+    if p.host not in _LOOPBACK and not p.admin_key:
+        out.append(
+            f"proxy.host is {p.host} (not loopback) but proxy.admin_key is unset: anyone who can reach the "
+            "proxy could mint sessions and read records. Fix: proxy.admin_key=<secret> (or set "
+            "FINEENVS_ADMIN_KEY), or proxy.host=127.0.0.1"
+        )
+    if p.max_output_tokens < run.sampling.max_tokens:
+        out.append(
+            f"proxy.max_output_tokens ({p.max_output_tokens}) < sampling.max_tokens ({run.sampling.max_tokens}): "
+            "the proxy would silently cut the policy's outputs. Fix: proxy.max_output_tokens="
+            f"{run.sampling.max_tokens}"
+        )
+    return out
+
+
+_KNOWN_REWARD_TERMS = {"correctness", "tool_efficiency"}
+
+
+def _check_reward(run: RunConfig) -> list[str]:
+    r = run.reward
+    out: list[str] = []
+    unknown = sorted(set(r.terms) - _KNOWN_REWARD_TERMS)
+    if unknown:
+        out.append(
+            f"Unknown reward term(s) {', '.join(unknown)}. Known: {', '.join(sorted(_KNOWN_REWARD_TERMS))} "
+            "(fineenvs/rewards.py). A term an agent can earn without solving the task (a bonus for "
+            "submitting, say) is refused: a published run collapsed from 0.740 to 0.178 held-out accuracy "
+            "with '+0.2 for submitting'."
+        )
+    if r.terms.get("correctness", 0.0) != 1.0:
+        out.append(
+            f"reward.terms.correctness must be 1.0 (got {r.terms.get('correctness')}): every other term "
+            "multiplies correctness, and rewards are compared within a group. Fix: reward.terms.correctness=1.0"
+        )
+    w = r.terms.get("tool_efficiency")
+    if w is not None and not 0.0 <= w <= 0.1:
+        out.append(
+            f"reward.terms.tool_efficiency must be in [0, 0.1] (got {w}): a larger bonus lets fewer tool "
+            "calls outweigh correctness differences. Fix: reward.terms.tool_efficiency=0.1"
+        )
+    if r.tool_budget < 1:
+        out.append(f"reward.tool_budget must be >= 1 (got {r.tool_budget}). Fix: reward.tool_budget=15")
+    return out

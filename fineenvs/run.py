@@ -1,0 +1,64 @@
+"""The entry point: ``python -m fineenvs.run +experiment=<name> [overrides] [dry_run=true]``.
+
+Compose (Hydra) → convert and validate (all problems at once) → check the machine (GPU for vLLM,
+installed harness CLIs) → run the job, or with ``dry_run=true`` print the resolved plan and start
+nothing. Jobs start components in order (engine, proxy, agents, trainer) and stop them in reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from fineenvs.config import ConfigError, RunConfig, to_run_config
+from fineenvs.plan import describe_plan, preflight
+
+log = logging.getLogger("fineenvs.run")
+
+
+def _output_dir(run: RunConfig) -> Path:
+    if run.output_dir:
+        return Path(run.output_dir)
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # composed outside @hydra.main (tests)
+        return Path("outputs") / "adhoc"
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def hydra_main(cfg: DictConfig) -> float | None:
+    try:
+        run = to_run_config(cfg)
+    except ConfigError as err:
+        print(f"fineenvs: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    run.output_dir = str(_output_dir(run))
+    print(describe_plan(run))
+    problems = preflight(run)
+    if run.dry_run:
+        if problems:
+            print("\nBefore a real run, this machine needs:\n" + "\n".join(f"  - {p}" for p in problems))
+        print("\ndry_run=true: nothing was started.")
+        return None
+    if problems:
+        print(
+            "fineenvs: cannot start this job on this machine:\n" + "\n".join(f"  - {p}" for p in problems),
+            file=sys.stderr,
+        )
+        raise SystemExit(3)
+    from fineenvs.jobs import run_job
+
+    return run_job(run)
+
+
+def main() -> None:
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

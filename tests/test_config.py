@@ -1,0 +1,251 @@
+"""Every recipe composes and validates, carries the published numbers, and bad overrides fail with
+the promised messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError
+
+from fineenvs.config import (
+    ApiFormat,
+    ConfigError,
+    EngineKind,
+    GRPOSpec,
+    Job,
+    ModelFamily,
+    RunConfig,
+    SFTSpec,
+    to_run_config,
+)
+from fineenvs.paths import CONF_DIR, REPO_ROOT
+from fineenvs.plan import describe_plan, preflight
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+ALL_HARNESSES = sorted(
+    p.stem for p in (CONF_DIR / "harness").glob("*.yaml") if p.stem not in ("all", "paper_mix")
+)
+PAPER_MIX = {"opencode", "claude_code", "codex", "mini_swe_agent"}
+
+
+def load(*overrides: str) -> RunConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return to_run_config(cfg)
+
+
+def test_all_recipes_exist() -> None:
+    expected = {
+        "rl_multi",
+        "rl_opencode",
+        "sft_multi",
+        "sft_opencode",
+        "qwen_rl_multi",
+        "qwen_rl_opencode",
+        "qwen_rl_opencode_standalone",
+        "smoke",
+    }
+    assert expected <= set(EXPERIMENTS)
+    for name in expected:
+        assert (REPO_ROOT / "experiments" / name / "README.md").is_file(), name
+
+
+def test_ten_harnesses() -> None:
+    assert len(ALL_HARNESSES) == 10
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("harness", [None, "all"])
+def test_every_experiment_composes(experiment: str, harness: str | None) -> None:
+    overrides = [f"+experiment={experiment}"] + ([f"harness={harness}"] if harness else [])
+    run = load(*overrides)
+    assert run.experiment == experiment
+    if harness == "all":
+        assert sorted(run.harness) == ALL_HARNESSES
+    plan = describe_plan(run)
+    for name in run.harness:
+        assert f"    {name}: " in plan
+    first_line = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text().splitlines()[1]
+    assert first_line.startswith("# Run:") and f"+experiment={experiment}" in first_line
+
+
+def test_published_numbers_rl_multi() -> None:
+    run = load("+experiment=rl_multi")
+    assert run.job is Job.rl
+    assert run.model.path == "LiquidAI/LFM2.5-2.6B" and run.model.family is ModelFamily.lfm2
+    assert run.engine.kind is EngineKind.vllm
+    assert set(run.harness) == PAPER_MIX
+    t = run.trainer
+    assert isinstance(t, GRPOSpec)
+    assert (t.learning_rate, t.lr_scheduler_type, t.warmup_steps, t.max_steps) == (3e-6, "constant", 0, 1000)
+    assert (t.per_device_batch_size, t.gradient_accumulation_steps, t.num_generations) == (4, 4, 8)
+    assert (t.token_budget, t.save_steps, t.eval_steps) == (40960, 50, 100)
+    s = run.scheduler
+    assert (s.group_size, s.max_inflight, s.max_staleness, s.max_model_calls) == (8, 32, 4, 17)
+    assert s.attempt_timeout_seconds == 600 and s.harness_selection.value == "rotation"
+    assert (run.sampling.temperature, run.sampling.top_p, run.sampling.top_k, run.sampling.min_p) == (
+        0.8,
+        1.0,
+        -1,
+        0.0,
+    )
+    assert run.sampling.max_tokens == 4096 and run.proxy.max_output_tokens == 4096
+    assert run.proxy.max_model_calls == 17
+    assert run.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1} and run.reward.tool_budget == 15
+    assert run.tasks.name == "smoldataenvs" and run.tasks.subset == "published_1000"
+    assert run.harness["codex"].api_format is ApiFormat.openai_responses
+    assert run.harness["claude_code"].api_format is ApiFormat.anthropic_messages
+
+
+def test_published_numbers_other_recipes() -> None:
+    oc = load("+experiment=rl_opencode")
+    assert set(oc.harness) == {"opencode"} and oc.model.name == "lfm2_5_2_6b"
+    for name, harnesses in (("sft_multi", PAPER_MIX), ("sft_opencode", {"opencode"})):
+        sft = load(f"+experiment={name}")
+        assert sft.job is Job.sft and set(sft.harness) == harnesses
+        assert isinstance(sft.trainer, SFTSpec)
+        t = sft.trainer
+        assert (t.num_train_epochs, t.learning_rate) == (2, 3e-6)
+        assert t.per_device_batch_size * t.gradient_accumulation_steps == 8
+    for name, harnesses in (
+        ("qwen_rl_multi", PAPER_MIX),
+        ("qwen_rl_opencode", {"opencode"}),
+        ("qwen_rl_opencode_standalone", {"opencode"}),
+    ):
+        q = load(f"+experiment={name}")
+        assert q.model.path == "Qwen/Qwen3.5-2B" and q.model.family is ModelFamily.qwen3_5
+        assert q.model.tool_call_parser == "qwen3_xml"
+        assert q.reward.terms == {"correctness": 1.0}, "the Qwen runs used correctness only"
+        assert set(q.harness) == harnesses and q.sampling.max_tokens == 16384
+    teacher = load("+experiment=collect_teacher")
+    assert teacher.model.path == "Qwen/Qwen3.8-27B" and teacher.job is Job.collect_teacher
+    assert isinstance(teacher.trainer, SFTSpec) and teacher.trainer.teacher_attempts_per_task == 3
+
+
+def test_smoke_is_cpu_only() -> None:
+    run = load("+experiment=smoke")
+    assert run.engine.kind is EngineKind.transformers and run.model.name == "tiny_qwen"
+    assert run.tasks.name == "demo"
+    assert not [p for p in preflight(run) if "GPU" in p]
+
+
+def test_command_line_harness_beats_experiment_default() -> None:
+    assert set(load("+experiment=rl_multi", "harness=opencode").harness) == {"opencode"}
+    assert set(load("+experiment=rl_opencode", "harness=paper_mix").harness) == PAPER_MIX
+    assert set(load("+experiment=rl_multi", "harness=[codex,pi]").harness) == {"codex", "pi"}
+
+
+def test_sft_trainer_refuses_grpo_keys() -> None:
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as err:
+        load("trainer=sft", "trainer.num_generations=8")
+    assert "num_generations" in str(err.value) or "num_generations" in str(err.value.__cause__)
+
+
+def _problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load(*overrides)
+    return err.value.problems
+
+
+def test_truncated_sampling_refused_for_training_with_reason() -> None:
+    problems = _problems("+experiment=rl_multi", "sampling.top_p=0.9", "sampling.top_k=20")
+    assert len(problems) == 2, "all problems reported at once"
+    assert all("importance ratio" in p for p in problems)
+    assert any("sampling.top_p=1.0" in p for p in problems)
+    assert any("sampling.top_k=-1" in p for p in problems)
+
+
+def test_eval_sampling_may_truncate() -> None:
+    run = load("+experiment=eval", "sampling.top_p=0.9")
+    assert run.sampling.top_p == 0.9
+
+
+def test_errors_name_key_and_fix() -> None:
+    problems = _problems(
+        "+experiment=rl_multi",
+        "scheduler.max_inflight=4",
+        "reward.terms.tool_efficiency=0.5",
+        "proxy.host=0.0.0.0",
+        "trainer.num_generations=1",
+    )
+    text = "\n".join(problems)
+    assert "scheduler.max_inflight" in text and "Fix:" in text
+    assert "reward.terms.tool_efficiency" in text
+    assert "proxy.admin_key" in text
+    assert "trainer.num_generations" in text
+
+
+def test_unknown_reward_term_refused() -> None:
+    problems = _problems("+experiment=rl_multi", "+reward.terms.submitted=0.2")
+    assert any("submitted" in p and "0.178" in p for p in problems)
+
+
+def test_tiny_model_on_vllm_refused() -> None:
+    problems = _problems("+experiment=smoke", "engine=vllm")
+    assert any("engine=transformers" in p for p in problems)
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fineenvs.run",
+            *args,
+            "hydra.run.dir=" + str(REPO_ROOT / "outputs" / "test-dry"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+
+
+def test_cli_dry_run_all_harnesses() -> None:
+    res = _run_cli("+experiment=rl_multi", "harness=all", "dry_run=true")
+    assert res.returncode == 0, res.stderr
+    for name in ALL_HARNESSES:
+        assert f"    {name}: " in res.stdout
+    assert "vllm serve LiquidAI/LFM2.5-2.6B" in res.stdout
+    assert "--logprobs-mode processed_logprobs" in res.stdout
+    assert "nothing was started" in res.stdout
+
+
+def test_cli_dry_run_default_mix_names_exactly_paper_mix() -> None:
+    res = _run_cli("+experiment=rl_multi", "dry_run=true")
+    assert res.returncode == 0, res.stderr
+    listed = {line.split(":")[0].strip() for line in res.stdout.splitlines() if "format=" in line}
+    assert listed == PAPER_MIX
+
+
+def test_cli_bad_override_exit_code_and_message() -> None:
+    res = _run_cli("+experiment=rl_multi", "sampling.top_p=0.5", "dry_run=true")
+    assert res.returncode == 2
+    assert "sampling.top_p" in res.stderr and "Fix:" in res.stderr
+
+
+def test_cli_multirun_two_jobs(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fineenvs.run",
+            "-m",
+            "+experiment=rl_multi",
+            "harness=opencode,paper_mix",
+            "dry_run=true",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("fineenvs plan:") == 2
+    assert "Launching 2 jobs" in res.stdout + res.stderr
