@@ -1,0 +1,567 @@
+"""The capture proxy: agent-facing model routes in four formats, the control plane and /health.
+
+What is covered: model calls on every format's paths, with or without a ``/s/<key>`` prefix;
+session lookup by path key or API key (``Authorization: Bearer``, ``x-api-key``,
+``x-goog-api-key``, Gemini's ``?key=``), 401 in the caller's own format for unknown keys;
+harness-sent session ids recorded per call and never used for routing; the per-session model-call
+budget and context overflow answered with a valid, non-empty stop reply (streamed when asked);
+body size limit (413) and JSON errors (400) in the caller's format; auxiliary routes answered and
+never recorded; streaming replies with keep-alives while the engine works; every recorded call
+flushed to disk before its reply is sent, by a task that a client disconnect cannot cancel.
+
+What is not covered: the Responses WebSocket transport (codex falls back to HTTPS), per-session
+engines, TLS (bind loopback or put a TLS terminator in front).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from fineenvs.dialects import DIALECTS, DialectError, aux_response, aux_route, detect, stop_completion
+from fineenvs.dialects.base import CanonicalRequest, Dialect
+from fineenvs.proxy.sessions import Session, SessionRegistry
+from fineenvs.proxy.settings import ProxySettings
+from fineenvs.proxy.store import CallStore, StoreError
+from fineenvs.proxy.upstream import BadRequest, UpstreamError, build_engine_request, call_engine
+
+log = logging.getLogger("fineenvs.proxy")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+PREFIX_RE = re.compile(r"^/s/([^/]+)(/.*)?$")
+# Ids harnesses send about themselves: recorded per call (subagent attribution), never routed on.
+HARNESS_ID_HEADERS = (
+    "x-session-id",
+    "proxy-x-session-id",
+    "x-claude-code-session-id",
+    "session-id",
+    "thread-id",
+    "x-openai-subagent",
+    "x-client-request-id",
+    "x-request-id",
+    "user-agent",
+)
+BUDGET_TEXT = (
+    "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
+    "Stop here: no further actions will be run."
+)
+CONTEXT_TEXT = (
+    "fineenvs proxy: the conversation no longer fits in the model's context window. "
+    "Stop here: no further actions will be run."
+)
+
+
+def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
+
+@dataclass
+class Outcome:
+    """What one forwarded model call produced: an engine completion, a stop reply, or an error."""
+
+    kind: str  # "ok" | "stop" | "error"
+    completion: dict[str, Any] | None = None
+    status: int = 200
+    message: str = ""
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return None
+
+
+def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    ids: dict[str, Any] = {h: headers[h] for h in HARNESS_ID_HEADERS if h in headers}
+    for key in ("user", "_session_id", "prompt_cache_key"):
+        if isinstance(body.get(key), str):
+            ids[f"body.{key}"] = body[key]
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
+        ids["body.metadata.user_id"] = meta["user_id"]
+    return ids
+
+
+class ProxyApp:
+    """Request handlers; ``create_proxy_app`` wraps them in a Starlette app."""
+
+    def __init__(self, settings: ProxySettings, upstream: httpx.AsyncClient, store: CallStore) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.store = store
+        self.sessions = SessionRegistry(store, settings.max_model_calls)
+        self.started = time.time()
+        self.inflight = 0
+        self.tasks: set[asyncio.Task[Outcome]] = set()
+        self.aux_calls = 0
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _dialect(self, name: str) -> Dialect:
+        return DIALECTS.get(name) or DIALECTS["openai_chat"]
+
+    def _error(self, dialect: Dialect, status: int, message: str, kind: str | None = None) -> Response:
+        return json_response(dialect.error_body(status, message, kind=kind), status)
+
+    def _admin_denied(self, request: Request) -> Response | None:
+        expected = self.settings.admin_key
+        if not expected:
+            return None
+        presented = _bearer(request.headers) or request.headers.get("x-admin-key") or ""
+        if hmac.compare_digest(presented.encode(), expected.encode()):
+            return None
+        return json_response(
+            {
+                "error": "fineenvs proxy: control routes need the admin key "
+                "(Authorization: Bearer <admin key> or x-admin-key)."
+            },
+            401,
+        )
+
+    async def _read_body(self, request: Request) -> bytes | None:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # -- control plane -------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return json_response(
+            {
+                "status": "ok",
+                "served_model": self.settings.served_model,
+                "sessions": len(self.sessions.by_digest),
+                "inflight": self.inflight,
+                "uptime_s": round(time.time() - self.started, 3),
+            }
+        )
+
+    async def create_session(self, request: Request) -> Response:
+        if denied := self._admin_denied(request):
+            return denied
+        try:
+            payload = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError as exc:
+            return json_response({"error": f"fineenvs proxy: POST /sessions body is not JSON: {exc}"}, 400)
+        if not isinstance(payload, dict):
+            return json_response({"error": "fineenvs proxy: POST /sessions body must be a JSON object."}, 400)
+        metadata = payload.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            return json_response({"error": "fineenvs proxy: metadata must be a JSON object."}, 400)
+        metadata = dict(metadata)
+        for key in ("task", "group", "harness", "attempt", "policy_version"):
+            if key in payload:
+                metadata[key] = payload[key]
+        budget = payload.get("max_model_calls")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+            return json_response(
+                {"error": f"fineenvs proxy: max_model_calls must be an integer, got {budget!r}."}, 400
+            )
+        session_id = payload.get("session_id")
+        if session_id is not None and not isinstance(session_id, str):
+            return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
+        try:
+            session, key = await self.sessions.create(metadata, max_model_calls=budget, session_id=session_id)
+        except ValueError as exc:
+            return json_response({"error": f"fineenvs proxy: {exc}"}, 400)
+        base = str(request.base_url).rstrip("/")
+        return json_response(
+            {
+                "session_id": session.session_id,
+                "key": key,
+                "base_url": f"{base}/s/{key}",
+                "max_model_calls": session.max_model_calls,
+                "metadata": session.metadata,
+            },
+            201,
+        )
+
+    async def list_sessions(self, request: Request) -> Response:
+        if denied := self._admin_denied(request):
+            return denied
+        return json_response({"sessions": [s.stats() for s in list(self.sessions.by_id.values())]})
+
+    def _session_or_404(self, request: Request) -> Session | Response:
+        sid = request.path_params["session_id"]
+        session = self.sessions.get(sid)
+        if session is None:
+            return json_response(
+                {"error": f"fineenvs proxy: no session {sid!r}; GET /sessions lists them."}, 404
+            )
+        return session
+
+    async def session_stats(self, request: Request) -> Response:
+        if denied := self._admin_denied(request):
+            return denied
+        session = self._session_or_404(request)
+        return session if isinstance(session, Response) else json_response(session.stats())
+
+    async def rollout(self, request: Request) -> Response:
+        if denied := self._admin_denied(request):
+            return denied
+        session = self._session_or_404(request)
+        if isinstance(session, Response):
+            return session
+        data = await asyncio.to_thread(self.store.read_session, session.session_id)
+        body: dict[str, Any] = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
+        body.update(await asyncio.to_thread(build_trajectory, data["calls"], session.metadata))
+        return json_response(body)
+
+    async def delete_session(self, request: Request) -> Response:
+        if denied := self._admin_denied(request):
+            return denied
+        session = self._session_or_404(request)
+        if isinstance(session, Response):
+            return session
+        await self.sessions.close(session)
+        purge = request.query_params.get("purge", "").lower() in ("1", "true", "yes")
+        if purge:
+            await asyncio.to_thread(self.store.delete_session_files, session.session_id)
+            self.sessions.forget(session)
+        return json_response({"session_id": session.session_id, "closed": True, "purged": purge})
+
+    # -- model calls ---------------------------------------------------------------------------
+
+    async def model_route(self, request: Request) -> Response:
+        self.inflight += 1
+        try:
+            return await self._model_route(request)
+        finally:
+            self.inflight -= 1
+
+    async def _model_route(self, request: Request) -> Response:
+        headers = request.headers
+        path_key = None
+        path = request.url.path
+        if m := PREFIX_RE.match(path):
+            path_key, path = m.group(1), m.group(2) or "/"
+        method = request.method
+        aux = aux_route(path, method)
+        if aux is not None:
+            return await self._aux(request, aux, path)
+        if method != "POST":
+            dialect = self._dialect(detect(path, headers, None))
+            return self._error(dialect, 404, f"no route {method} {path}: model calls are POST requests.")
+        raw = await self._read_body(request)
+        if raw is None:
+            dialect = self._dialect(detect(path, headers, None))
+            return self._error(
+                dialect,
+                413,
+                f"request body exceeds the proxy's limit of {self.settings.max_body_bytes} bytes. "
+                "Raise --max-body-bytes or shorten the conversation.",
+            )
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            dialect = self._dialect(detect(path, headers, None))
+            return self._error(dialect, 400, f"request body is not valid JSON ({exc}). Send a JSON object.")
+        name = detect(path, headers, body if isinstance(body, dict) else None)
+        dialect = self._dialect(name)
+        if name not in DIALECTS:
+            return self._error(
+                dialect, 501, f"the {name} format is not available in this build of the proxy."
+            )
+        key = path_key or _bearer(headers) or headers.get("x-api-key") or headers.get("x-goog-api-key")
+        key = key or request.query_params.get("key")
+        session = self.sessions.lookup(key) if key else None
+        if session is None:
+            what = "no session key was sent" if not key else "the session key is unknown or closed"
+            return self._error(
+                dialect,
+                401,
+                f"{what}. Use the base_url or key returned by POST /sessions "
+                "(path prefix /s/<key>, or the key as the API key).",
+                kind="authentication_error",
+            )
+        if not isinstance(body, dict):
+            return self._error(
+                dialect, 400, f"request body must be a JSON object, got {type(body).__name__}."
+            )
+        try:
+            canonical = dialect.to_canonical(body, path=path, query=dict(request.query_params))
+            engine_req = build_engine_request(canonical.body, self.settings)
+        except DialectError as exc:
+            return self._error(dialect, exc.status, str(exc))
+        except BadRequest as exc:
+            return self._error(dialect, 400, str(exc))
+        except Exception as exc:  # a converter tripping over odd input is still the caller's 400
+            log.warning("conversion of a %s request failed: %s: %s", name, type(exc).__name__, exc)
+            return self._error(
+                dialect,
+                400,
+                f"could not read the {name} request ({type(exc).__name__}: {exc}). Check its shape.",
+            )
+        reply_model = canonical.model or self.settings.served_model
+        session.last_call_at = time.time()
+        if session.model_calls >= session.max_model_calls:
+            session.budget_stops += 1
+            await self._event(session, "budget_stop", None, {"model_calls": session.model_calls})
+            text = BUDGET_TEXT.format(n=session.max_model_calls)
+            return self._reply(dialect, canonical, Outcome("stop", stop_completion(text)), reply_model)
+        session.model_calls += 1
+        index = session.next_index
+        session.next_index += 1
+        task = asyncio.create_task(
+            self._forward(session, index, name, canonical, engine_req, _harness_ids(headers, body))
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if canonical.stream:
+            return await self._stream(task, dialect, canonical, reply_model)
+        return self._reply(dialect, canonical, await asyncio.shield(task), reply_model)
+
+    async def _aux(self, request: Request, kind: str, path: str) -> Response:
+        self.aux_calls += 1
+        if request.method == "HEAD":
+            return Response(status_code=200)
+        body = None
+        if request.method == "POST":
+            raw = await self._read_body(request)
+            try:
+                body = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                body = None
+        try:
+            return json_response(
+                aux_response(kind, body if isinstance(body, dict) else None, self.settings.served_model)
+            )
+        except Exception as exc:
+            dialect = self._dialect(detect(path, request.headers, None))
+            return self._error(dialect, 400, f"could not answer {kind}: {type(exc).__name__}: {exc}")
+
+    async def _event(self, session: Session, kind: str, index: int | None, fields: dict[str, Any]) -> None:
+        event = {"kind": kind, "index": index, "at": time.time(), **fields}
+        try:
+            await self.store.record_event(session.session_id, event)
+        except StoreError as exc:
+            log.error("could not record %s event for %s: %s", kind, session.session_id, exc)
+
+    async def _forward(
+        self,
+        session: Session,
+        index: int,
+        dialect_name: str,
+        canonical: CanonicalRequest,
+        engine_req: Any,
+        harness_ids: dict[str, Any],
+    ) -> Outcome:
+        """Engine call + durable record. Runs as its own task: a disconnecting client cannot cancel it."""
+        arrived = time.time()
+        t0 = time.perf_counter()
+        session.inflight += 1
+        for k, v in harness_ids.items():
+            seen = session.harness_ids.setdefault(k, [])
+            if v not in seen and len(seen) < 16:
+                seen.append(v)
+        try:
+            try:
+                result = await call_engine(self.upstream, self.settings, engine_req.body)
+            except UpstreamError as exc:
+                fields = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
+                if exc.kind == "context_overflow":
+                    session.context_stops += 1
+                    await self._event(session, "context_stop", index, fields)
+                    return Outcome("stop", stop_completion(CONTEXT_TEXT))
+                if exc.kind == "rejected":
+                    session.rejected_calls += 1
+                    await self._event(session, "upstream_rejected", index, fields)
+                    return Outcome(
+                        "error", status=exc.status, message=f"the engine rejected the request: {exc.message}"
+                    )
+                session.upstream_errors += 1
+                await self._event(session, "upstream_error", index, fields)
+                return Outcome("error", status=502, message=f"engine unavailable: {exc.message}")
+            body = canonical.body
+            tools = body.get("tools") or None
+            fields = {
+                "index": index,
+                "dialect": dialect_name,
+                "stream": canonical.stream,
+                "model_requested": canonical.model,
+                "served_model": self.settings.served_model,
+                "logprobs": result.logprobs,
+                "logprobs_aligned": result.logprobs_aligned,
+                "finish_reason": result.finish_reason,
+                "has_tools": bool(tools),
+                "sampling_requested": engine_req.requested_sampling,
+                "sampling_applied": engine_req.applied_sampling,
+                "max_tokens_requested": engine_req.max_tokens_requested,
+                "max_tokens_applied": engine_req.body["max_tokens"],
+                "request_params": {k: v for k, v in body.items() if k not in ("messages", "tools")},
+                "dialect_state": canonical.state,
+                "harness_ids": harness_ids,
+                "weight_version": result.weight_version,
+                "usage": result.completion.get("usage"),
+                "notes": [*canonical.notes, *engine_req.notes, *result.notes],
+                "timings": {
+                    "arrived_at": arrived,
+                    "upstream_s": round(result.upstream_s, 6),
+                    "attempts": result.attempts,
+                    "proxy_s": round(time.perf_counter() - t0 - result.upstream_s, 6),
+                },
+            }
+            line = self.store.encode_call(
+                session.session_id,
+                f"c{index:05d}",
+                prompt_ids=result.prompt_ids if result.prompt_ids is not None else [],
+                sampled_ids=result.sampled_ids,
+                messages=body.get("messages") or [],
+                tools=tools,
+                response_message=result.message,
+                fields=fields,
+            )
+            try:
+                await self.store.append_line(session.session_id, line)
+            except StoreError as exc:
+                log.error("%s", exc)
+                return Outcome("error", status=503, message="the proxy could not record this call; retry it.")
+            session.recorded_calls += 1
+            if not result.logprobs_aligned:
+                session.flagged_calls += 1
+            return Outcome("ok", result.completion)
+        finally:
+            session.inflight -= 1
+
+    def _reply(self, dialect: Dialect, canonical: CanonicalRequest, outcome: Outcome, model: str) -> Response:
+        if outcome.kind == "error" or outcome.completion is None:
+            return self._error(dialect, outcome.status, outcome.message)
+        try:
+            if canonical.stream:
+                events = list(dialect.stream_events(outcome.completion, canonical, model=model))
+                return StreamingResponse(
+                    _iter_bytes(events), media_type="text/event-stream", headers=SSE_HEADERS
+                )
+            return json_response(dialect.from_chat_completion(outcome.completion, canonical, model=model))
+        except DialectError as exc:
+            return self._error(dialect, exc.status, str(exc))
+
+    async def _stream(
+        self, task: asyncio.Task[Outcome], dialect: Dialect, canonical: CanonicalRequest, model: str
+    ) -> Response:
+        """Answer a streaming call: wait a little for a fast engine (so errors keep their status),
+        then commit to a 200 event stream that sends keep-alives until the engine is done."""
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(task), timeout=self.settings.keepalive_seconds)
+        except TimeoutError:
+            pass
+        else:
+            return self._reply(dialect, canonical, outcome, model)
+
+        async def events() -> AsyncIterator[bytes]:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.settings.keepalive_seconds)
+                if done:
+                    break
+                yield dialect.keepalive()
+            result = task.result()
+            if result.kind == "error" or result.completion is None:
+                body = orjson.dumps(dialect.error_body(result.status, result.message))
+                prefix = b"event: error\n" if dialect.name == "anthropic_messages" else b""
+                yield prefix + b"data: " + body + b"\n\n"
+                return
+            try:
+                for event in dialect.stream_events(result.completion, canonical, model=model):
+                    yield event
+            except DialectError as exc:
+                yield b"data: " + orjson.dumps(dialect.error_body(exc.status, str(exc))) + b"\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _iter_bytes(events: list[bytes]) -> AsyncIterator[bytes]:
+    # One write for the whole replay: fewer syscalls, and a client sees it at once anyway.
+    yield b"".join(events)
+
+
+def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
+    """The graph and rows from ``fineenvs.trajectory`` when it is available; else a note."""
+    try:
+        from fineenvs import trajectory
+    except ImportError:  # pragma: no cover - the package exists in the skeleton
+        return {"trajectory": None, "trajectory_note": "fineenvs.trajectory is not importable"}
+    build = getattr(trajectory, "build_session", None)
+    node_cls = getattr(trajectory, "CallNode", None)
+    if build is None or node_cls is None:
+        return {"trajectory": None, "trajectory_note": "fineenvs.trajectory.build_session has not landed yet"}
+    nodes = [
+        node_cls(
+            node_id=c["call_id"],
+            prompt_ids=c["prompt_ids"],
+            sampled_ids=c["sampled_ids"],
+            logprobs=c.get("logprobs"),
+            finish_reason=c.get("finish_reason"),
+            has_tools=bool(c.get("has_tools")),
+            arrival_index=c.get("index", i),
+            weight_version=c.get("weight_version"),
+            harness_ids=c.get("harness_ids") or {},
+            metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
+            logprobs_aligned=bool(c.get("logprobs_aligned")),
+        )
+        for i, c in enumerate(calls)
+    ]
+    result = build(nodes, metadata, None)
+    to_dict = getattr(result, "to_dict", None)
+    return {"trajectory": to_dict() if callable(to_dict) else result}
+
+
+def create_proxy_app(
+    settings: ProxySettings, *, upstream: httpx.AsyncClient | None = None, store: CallStore
+) -> Starlette:
+    """The proxy as a Starlette app. Pass ``upstream`` to swap the engine transport in tests."""
+    settings.validate()
+    own_client = upstream is None
+    client = upstream or httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
+        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024),
+    )
+    proxy = ProxyApp(settings, client, store)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if proxy.tasks:
+                await asyncio.gather(*proxy.tasks, return_exceptions=True)
+            if own_client:
+                await client.aclose()
+            await asyncio.to_thread(store.close)
+
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+    handlers: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
+        ("/health", proxy.health, ["GET", "HEAD"]),
+        ("/sessions", proxy.create_session, ["POST"]),
+        ("/sessions", proxy.list_sessions, ["GET"]),
+        ("/sessions/{session_id}", proxy.session_stats, ["GET"]),
+        ("/sessions/{session_id}", proxy.delete_session, ["DELETE"]),
+        ("/sessions/{session_id}/rollout", proxy.rollout, ["GET"]),
+        ("/{path:path}", proxy.model_route, methods),
+    ]
+    app = Starlette(routes=[Route(p, h, methods=m) for p, h, m in handlers], lifespan=lifespan)
+    app.state.proxy = proxy
+    return app

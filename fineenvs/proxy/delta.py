@@ -1,0 +1,136 @@
+"""Delta encoding of a session's prompts against its earlier calls, in memory proportional to hashes.
+
+A call's prompt usually starts with an earlier call's prompt + sampled tokens (the agent appended a
+tool result), so storing it whole makes a 17-call attempt cost the square of its length. We store
+``(parent call, offset, suffix)`` where ``prompt[:offset] == parent_end[:offset]`` and
+``parent_end = parent.prompt + parent.sampled``.
+
+Finding the parent without keeping token lists in RAM: every call's end sequence is hashed as a
+chain over fixed blocks of ``BLOCK`` tokens (``chain[k]`` covers the first ``k*BLOCK`` tokens);
+each new chain value is remembered with the first call that produced it. An exact end position
+``L`` (a previous prompt end or call end) is remembered as the chain value before ``L`` plus the
+tail. Lookup is one pass over the new prompt's blocks plus one tail hash per remembered end, so
+the cost is linear in the prompt and never all-pairs. The same scheme over canonical messages
+(one "block" per message) delta-encodes the recorded request messages.
+
+What is not covered: a shared prefix that ends inside a block and is not an earlier call's end is
+found only down to the previous block boundary (at most ``BLOCK - 1`` tokens stored twice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+BLOCK = 256
+_DIGEST = 12
+
+
+def token_bytes(ids: Sequence[int]) -> bytes:
+    return array("i", ids).tobytes() if not isinstance(ids, array) else ids.tobytes()
+
+
+def _h(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=_DIGEST)
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def block_chain(data: bytes, n_tokens: int) -> list[bytes]:
+    """``chain[k]`` = hash of the first ``k * BLOCK`` tokens (``chain[0]`` = empty)."""
+    step = BLOCK * 4
+    chain = [b""]
+    prev = b""
+    for k in range(n_tokens // BLOCK):
+        prev = _h(prev, data[k * step : (k + 1) * step])
+        chain.append(prev)
+    return chain
+
+
+def end_hash(chain: list[bytes], data: bytes, length: int) -> bytes:
+    k = length // BLOCK
+    return _h(b"end", chain[k], data[k * BLOCK * 4 : length * 4])
+
+
+@dataclass
+class PrefixMatch:
+    parent: str | None
+    offset: int
+
+
+@dataclass
+class TokenIndex:
+    """Per-session memory: block-chain hashes and end hashes, never the tokens themselves."""
+
+    blocks: dict[bytes, str] = field(default_factory=dict)
+    ends: list[tuple[int, bytes, str]] = field(default_factory=list)
+
+    def match(self, data: bytes, n: int, chain: list[bytes]) -> PrefixMatch:
+        best = PrefixMatch(None, 0)
+        for k in range(len(chain) - 1, 0, -1):
+            owner = self.blocks.get(chain[k])
+            if owner is not None:
+                best = PrefixMatch(owner, k * BLOCK)
+                break
+        for length, digest, call_id in self.ends:
+            if best.offset < length <= n and end_hash(chain, data, length) == digest:
+                best = PrefixMatch(call_id, length)
+        return best
+
+    def add(self, call_id: str, prompt: bytes, n_prompt: int, prompt_chain: list[bytes], full: bytes) -> None:
+        n_full = len(full) // 4
+        chain = prompt_chain
+        if n_full // BLOCK > len(prompt_chain) - 1:
+            # Extend the prompt's chain over the sampled tokens instead of rehashing from zero.
+            step = BLOCK * 4
+            chain = list(prompt_chain)
+            prev = chain[-1]
+            for k in range(len(chain) - 1, n_full // BLOCK):
+                prev = _h(prev, full[k * step : (k + 1) * step])
+                chain.append(prev)
+        for digest in chain[1:]:
+            self.blocks.setdefault(digest, call_id)
+        self.ends.append((n_prompt, end_hash(prompt_chain, prompt, n_prompt), call_id))
+        if n_full != n_prompt:
+            self.ends.append((n_full, end_hash(chain, full, n_full), call_id))
+
+
+def message_digests(messages: Sequence[Any]) -> list[bytes]:
+    """Chain hashes over canonical messages; ``out[i]`` covers ``messages[:i + 1]``."""
+    out: list[bytes] = []
+    prev = b""
+    for message in messages:
+        prev = _h(prev, orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+        out.append(prev)
+    return out
+
+
+@dataclass
+class MessageIndex:
+    """Chain hash of each message-list prefix seen in the session -> first call that had it."""
+
+    prefixes: dict[bytes, str] = field(default_factory=dict)
+
+    def match(self, chain: list[bytes]) -> PrefixMatch:
+        for i in range(len(chain) - 1, -1, -1):
+            owner = self.prefixes.get(chain[i])
+            if owner is not None:
+                return PrefixMatch(owner, i + 1)
+        return PrefixMatch(None, 0)
+
+    def add(self, call_id: str, chain: list[bytes]) -> None:
+        for digest in chain:
+            self.prefixes.setdefault(digest, call_id)
+
+
+@dataclass
+class SessionIndex:
+    tokens: TokenIndex = field(default_factory=TokenIndex)
+    messages: MessageIndex = field(default_factory=MessageIndex)
+    tools: set[str] = field(default_factory=set)

@@ -1,0 +1,85 @@
+"""Plain, typed settings of the capture proxy (the lead's builder maps the Hydra config onto these)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+    """The sampling the trainer can reproduce: full distribution at one temperature.
+
+    Whatever the agent asks for is recorded per call and replaced by these values upstream;
+    ``top_k = -1`` means off, penalties are neutral.
+    """
+
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def as_body(self) -> dict[str, float | int]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+        }
+
+
+@dataclass
+class ProxySettings:
+    """Everything the proxy needs to run; defaults are the published recipe's values."""
+
+    upstream_url: str = "http://127.0.0.1:8000"
+    served_model: str = "tiny_qwen"
+    host: str = "127.0.0.1"
+    port: int = 8100
+    admin_key: str | None = None
+    store_dir: Path = field(default_factory=lambda: Path("outputs/proxy_store"))
+    max_model_calls: int = 17
+    max_output_tokens: int = 4096
+    sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
+    max_body_bytes: int = 32 * 1024 * 1024
+    keepalive_seconds: float = 5.0
+    retries: int = 3
+    retry_backoff_s: float = 0.5
+    max_retry_after_s: float = 60.0
+    upstream_timeout_s: float = 600.0
+    fsync: bool = True
+
+    def validate(self) -> None:
+        """Refuse settings that would expose an unauthenticated control plane or make no sense."""
+        if not is_loopback(self.host) and not self.admin_key:
+            raise ValueError(
+                f"fineenvs proxy: host={self.host!r} is not a loopback address and no admin key is set; "
+                "anyone who can reach the port could create sessions and read recorded rollouts. "
+                "Pass --admin-key (or set FINEENVS_ADMIN_KEY), or bind --host 127.0.0.1."
+            )
+        if self.max_model_calls < 1:
+            raise ValueError(f"fineenvs proxy: max_model_calls={self.max_model_calls} must be >= 1.")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"fineenvs proxy: max_output_tokens={self.max_output_tokens} must be >= 1.")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"fineenvs proxy: max_body_bytes={self.max_body_bytes} is below 1 KiB.")
+        if self.retries < 1:
+            raise ValueError(f"fineenvs proxy: retries={self.retries} must be >= 1 (1 = no retry).")
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

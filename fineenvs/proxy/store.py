@@ -1,0 +1,342 @@
+"""Durable per-session call records: append-only JSONL, fsync'ed before the agent gets its reply.
+
+Layout under ``root``::
+
+    sessions/<session_id>/meta.json     session metadata + sha256 digest of its key (never the key)
+    sessions/<session_id>/calls.jsonl   one line per model call ("call") or counted non-call ("event")
+
+A call line stores its prompt token ids as ``{"parent", "offset", "suffix", "len", "digest"}``
+against the session's earlier calls (see ``delta``), its request messages the same way, its tools
+once per distinct tool manifest, plus sampled ids, logprobs, finish reason, canonical response,
+requested vs applied sampling, harness ids, timings, weight version and conversion notes.
+``read_session`` rebuilds the full prompt ids and messages and checks every prompt against its
+digest.
+
+Writes go through one writer thread that commits in groups (all lines queued while the previous
+fsync ran share the next one), so the event loop never blocks on the disk and 1,000 sessions do not
+cost 1,000 fsyncs per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import queue
+import re
+import threading
+from array import array
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fineenvs.proxy.delta import (
+    SessionIndex,
+    block_chain,
+    end_hash,
+    message_digests,
+    token_bytes,
+)
+
+SCHEMA_VERSION = 1
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class StoreError(RuntimeError):
+    """A session log cannot be written or read back consistently."""
+
+
+@dataclass
+class _Write:
+    path: Path
+    data: bytes
+    replace: bool
+    future: Future[None]
+
+
+def _digest_hex(prompt: bytes, n: int) -> str:
+    return end_hash(block_chain(prompt, n), prompt, n).hex()
+
+
+class CallStore:
+    """Append-only, crash-safe session logs with delta-encoded prompts and messages."""
+
+    def __init__(self, root: Path | str, *, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.sessions_dir = self.root / "sessions"
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._indexes: dict[str, SessionIndex] = {}
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+
+    # -- writer thread -------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="fineenvs-store", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(w is None for w in batch)
+            self._commit([w for w in batch if w is not None])
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Write]) -> None:
+        appends: dict[Path, list[_Write]] = {}
+        for w in batch:
+            if w.replace:
+                try:
+                    tmp = w.path.with_suffix(w.path.suffix + ".tmp")
+                    with open(tmp, "wb") as fh:
+                        fh.write(w.data)
+                        fh.flush()
+                        if self.fsync:
+                            os.fsync(fh.fileno())
+                    os.replace(tmp, w.path)
+                    w.future.set_result(None)
+                except OSError as exc:
+                    w.future.set_exception(exc)
+            else:
+                appends.setdefault(w.path, []).append(w)
+        for path, writes in appends.items():
+            try:
+                with open(path, "ab") as fh:
+                    fh.write(b"".join(w.data for w in writes))
+                    fh.flush()
+                    if self.fsync:
+                        os.fsync(fh.fileno())
+                self.bytes_written += sum(len(w.data) for w in writes)
+                for w in writes:
+                    w.future.set_result(None)
+            except OSError as exc:
+                for w in writes:
+                    w.future.set_exception(exc)
+
+    def _submit(self, path: Path, data: bytes, *, replace: bool = False) -> Future[None]:
+        self._ensure_thread()
+        fut: Future[None] = Future()
+        self._queue.put(_Write(path, data, replace, fut))
+        return fut
+
+    async def _write(self, path: Path, data: bytes, *, replace: bool = False) -> None:
+        await asyncio.wrap_future(self._submit(path, data, replace=replace))
+
+    def close(self) -> None:
+        """Flush everything queued and stop the writer thread."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            thread.join(timeout=30)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def session_dir(self, session_id: str) -> Path:
+        if not SESSION_ID_RE.match(session_id):
+            raise StoreError(
+                f"session id {session_id!r} is not filename-safe ([A-Za-z0-9][A-Za-z0-9_.-]{{0,127}})."
+            )
+        return self.sessions_dir / session_id
+
+    async def save_meta(self, session_id: str, meta: dict[str, Any]) -> None:
+        directory = self.session_dir(session_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        await self._write(
+            directory / "meta.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2), replace=True
+        )
+
+    def load_metas(self) -> list[dict[str, Any]]:
+        """Every persisted session's metadata (unreadable ones are skipped with their error noted)."""
+        metas: list[dict[str, Any]] = []
+        for meta_path in sorted(self.sessions_dir.glob("*/meta.json")):
+            try:
+                metas.append(orjson.loads(meta_path.read_bytes()))
+            except (OSError, orjson.JSONDecodeError):
+                continue
+        return metas
+
+    def delete_session_files(self, session_id: str) -> None:
+        directory = self.session_dir(session_id)
+        for path in directory.glob("*"):
+            path.unlink(missing_ok=True)
+        directory.rmdir()
+        self._indexes.pop(session_id, None)
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def _log_path(self, session_id: str) -> Path:
+        return self.session_dir(session_id) / "calls.jsonl"
+
+    def _index(self, session_id: str) -> SessionIndex:
+        index = self._indexes.get(session_id)
+        if index is None:
+            index = self._rebuild_index(session_id)
+            self._indexes[session_id] = index
+        return index
+
+    def _rebuild_index(self, session_id: str) -> SessionIndex:
+        """After a restart: drop an unacknowledged partial last line, then re-derive the hashes."""
+        path = self._log_path(session_id)
+        index = SessionIndex()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return index
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(path, "r+b") as fh:
+                fh.truncate(data.rfind(b"\n") + 1)
+        for call in self.read_session(session_id)["calls"]:
+            self._register(index, call["call_id"], call["prompt_ids"], call["sampled_ids"])
+            index.messages.add(
+                call["call_id"], message_digests([*call["request"]["messages"], call["response"]])
+            )
+            if call["request"].get("tools_digest"):
+                index.tools.add(call["request"]["tools_digest"])
+        return index
+
+    @staticmethod
+    def _register(
+        index: SessionIndex, call_id: str, prompt_ids: Sequence[int], sampled_ids: Sequence[int]
+    ) -> None:
+        prompt = token_bytes(prompt_ids)
+        n = len(prompt) // 4
+        chain = block_chain(prompt, n)
+        index.tokens.add(call_id, prompt, n, chain, prompt + token_bytes(sampled_ids))
+
+    def encode_call(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        prompt_ids: Sequence[int],
+        sampled_ids: Sequence[int],
+        messages: list[Any],
+        tools: list[Any] | None,
+        response_message: dict[str, Any],
+        fields: dict[str, Any],
+    ) -> bytes:
+        """Build one call line and update the session's delta index (runs on the event loop)."""
+        index = self._index(session_id)
+        prompt = token_bytes(prompt_ids)
+        n = len(prompt) // 4
+        chain = block_chain(prompt, n)
+        match = index.tokens.match(prompt, n, chain)
+        full = prompt + token_bytes(sampled_ids)
+        index.tokens.add(call_id, prompt, n, chain, full)
+        prompt_rec = {
+            "parent": match.parent,
+            "offset": match.offset,
+            "suffix": array("i", prompt[match.offset * 4 :]).tolist(),
+            "len": n,
+            "digest": end_hash(chain, prompt, n).hex(),
+        }
+        msg_chain = message_digests([*messages, response_message])
+        msg_match = index.messages.match(msg_chain[: len(messages)])
+        index.messages.add(call_id, msg_chain)
+        request: dict[str, Any] = {
+            "messages": {
+                "parent": msg_match.parent,
+                "offset": msg_match.offset,
+                "suffix": messages[msg_match.offset :],
+            },
+            "tools_digest": None,
+        }
+        if tools:
+            digest = hashlib.blake2b(
+                orjson.dumps(tools, option=orjson.OPT_SORT_KEYS), digest_size=12
+            ).hexdigest()
+            request["tools_digest"] = digest
+            if digest not in index.tools:
+                index.tools.add(digest)
+                request["tools"] = tools
+        record = {
+            "type": "call",
+            "schema_version": SCHEMA_VERSION,
+            "call_id": call_id,
+            "session_id": session_id,
+            "prompt": prompt_rec,
+            "sampled_ids": list(sampled_ids),
+            "request": request,
+            "response": response_message,
+            **fields,
+        }
+        return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+    async def append_line(self, session_id: str, line: bytes) -> None:
+        """Durably append one encoded line; returns once it is flushed (and fsync'ed if enabled)."""
+        try:
+            await self._write(self._log_path(session_id), line)
+        except OSError as exc:
+            # The index already names this call; forget it so later calls re-derive from disk.
+            self._indexes.pop(session_id, None)
+            raise StoreError(f"writing session {session_id} log failed: {exc}") from exc
+
+    async def record_event(self, session_id: str, event: dict[str, Any]) -> None:
+        """A counted non-training event (budget stop, context stop, upstream error)."""
+        line = orjson.dumps({"type": "event", "schema_version": SCHEMA_VERSION, **event}) + b"\n"
+        await self.append_line(session_id, line)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read_session(self, session_id: str) -> dict[str, Any]:
+        """All calls of a session with full ``prompt_ids``/messages rebuilt and digests checked."""
+        path = self._log_path(session_id)
+        meta_path = self.session_dir(session_id) / "meta.json"
+        meta = orjson.loads(meta_path.read_bytes()) if meta_path.exists() else None
+        calls: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        ends: dict[str, array] = {}
+        msg_lists: dict[str, list[Any]] = {}
+        tools_by_digest: dict[str, Any] = {}
+        if not path.exists():
+            return {"meta": meta, "calls": calls, "events": events}
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if not raw.endswith(b"\n"):
+                    break  # a partial line was never acknowledged to the agent
+                rec = orjson.loads(raw)
+                if rec.get("type") == "event":
+                    events.append(rec)
+                    continue
+                p = rec.pop("prompt")
+                prompt = array("i")
+                if p["parent"] is not None:
+                    prompt.extend(ends[p["parent"]][: p["offset"]])
+                prompt.extend(p["suffix"])
+                if len(prompt) != p["len"] or _digest_hex(prompt.tobytes(), len(prompt)) != p["digest"]:
+                    raise StoreError(
+                        f"session {session_id} line {lineno}: rebuilt prompt of {rec['call_id']} does not match "
+                        "its digest; the log is corrupt or was edited."
+                    )
+                ends[rec["call_id"]] = prompt + array("i", rec["sampled_ids"])
+                rec["prompt_ids"] = prompt.tolist()
+                req = rec["request"]
+                m = req["messages"]
+                messages = (msg_lists[m["parent"]][: m["offset"]] if m["parent"] is not None else []) + m[
+                    "suffix"
+                ]
+                msg_lists[rec["call_id"]] = [*messages, rec["response"]]
+                req["messages"] = messages
+                if "tools" in req:
+                    tools_by_digest[req["tools_digest"]] = req["tools"]
+                elif req.get("tools_digest"):
+                    req["tools"] = tools_by_digest.get(req["tools_digest"])
+                calls.append(rec)
+        return {"meta": meta, "calls": calls, "events": events}

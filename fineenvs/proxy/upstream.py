@@ -1,0 +1,294 @@
+"""The one upstream call per model call: non-streaming chat completions with token ids and logprobs.
+
+What is covered: the request sent to the engine (model rewritten to the served id, ``n = 1``,
+``stream = false``, ``stream_options`` dropped, ``return_token_ids``, ``logprobs``, explicit
+``top_logprobs = 0`` -- vLLM leaves ``logprobs.content`` empty when it is omitted --, output tokens
+capped, the configured sampling policy enforced and the agent's own values kept for the record);
+the reply check (prompt ids hoisted from the choice when the engine puts them there, every sampled
+position paired with its ``token_id:<id>`` logprob entry, logprobs finite and <= 0, weight version);
+retries of 408/409/429/5xx and transport errors with bounded backoff (``Retry-After`` honoured up
+to a cap); 400/413/422 passed through; context overflow reported as its own outcome.
+
+What is not covered: the engine's capability probe (``fineenvs.engine``), per-session engines,
+400-driven parameter fixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from fineenvs.proxy.settings import ProxySettings
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+)
+# Masks or distortions of the distribution that the trainer cannot reproduce when it recomputes
+# logprobs: dropped (and noted) so the recorded logprobs stay the policy's.
+UNREPRODUCIBLE_KEYS = (
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "min_tokens",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+)
+RETRY_STATUSES = frozenset({408, 409, 429})
+PASS_THROUGH_STATUSES = frozenset({400, 413, 422})
+CONTEXT_MARKERS = ("maximum context length", "context length", "context_length_exceeded", "too many tokens")
+
+
+class UpstreamError(Exception):
+    """The engine did not produce a usable completion.
+
+    ``kind`` is ``"rejected"`` (the engine refused the request: status passed through),
+    ``"context_overflow"`` (the conversation no longer fits: the attempt ends with a stop reply)
+    or ``"unavailable"`` (engine down or failing after retries: 502).
+    """
+
+    def __init__(self, kind: str, status: int, message: str, *, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.message = message
+        self.attempts = attempts
+
+
+class BadRequest(ValueError):
+    """The agent's request asks for something the capture cannot honour (e.g. ``n > 1``)."""
+
+
+@dataclass
+class EngineRequest:
+    body: dict[str, Any]
+    requested_sampling: dict[str, Any]
+    applied_sampling: dict[str, Any]
+    max_tokens_requested: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineResult:
+    completion: dict[str, Any]
+    message: dict[str, Any]
+    prompt_ids: array | None
+    sampled_ids: list[int]
+    logprobs: list[float] | None
+    logprobs_aligned: bool
+    finish_reason: str
+    weight_version: Any
+    upstream_s: float
+    attempts: int
+    notes: list[str] = field(default_factory=list)
+
+
+def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> EngineRequest:
+    """The engine body for one call: policy applied, the agent's values kept for the record."""
+    body = dict(canonical)
+    notes: list[str] = []
+    n = body.pop("n", None)
+    if n not in (None, 1):
+        raise BadRequest(
+            f"n={n!r}: the proxy records exactly one sampled continuation per call. Send n=1 or omit n."
+        )
+    requested = {k: body.pop(k) for k in SAMPLING_KEYS if k in body}
+    for key in UNREPRODUCIBLE_KEYS:
+        if key in body:
+            body.pop(key)
+            notes.append(f"dropped {key}: the trainer cannot reproduce the constrained distribution")
+    if "max_completion_tokens" in body:
+        mct = body.pop("max_completion_tokens")
+        body.setdefault("max_tokens", mct)
+    asked = body.get("max_tokens")
+    max_requested = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+    cap = settings.max_output_tokens
+    body["max_tokens"] = min(max_requested, cap) if max_requested and max_requested > 0 else cap
+    if not body.get("tools"):
+        # Agents send tools: [] with tool_choice / parallel_tool_calls; vLLM rejects the pair.
+        for key in ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"):
+            body.pop(key, None)
+    body.pop("stream_options", None)  # vLLM 400s stream_options together with stream=false
+    applied = settings.sampling.as_body()
+    body.update(applied)
+    body.update(
+        model=settings.served_model,
+        stream=False,
+        n=1,
+        logprobs=True,
+        top_logprobs=0,
+        return_token_ids=True,
+    )
+    return EngineRequest(body, requested, applied, max_requested, notes)
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        data = orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
+        return resp.text[:500] or f"HTTP {resp.status_code}"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        for key in ("message", "detail", "error"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return str(data)[:500]
+
+
+def _retry_after(resp: httpx.Response, cap: float) -> float | None:
+    value = resp.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return min(max(float(value), 0.0), cap)
+    except ValueError:
+        return None
+
+
+async def post_with_retries(
+    client: httpx.AsyncClient, settings: ProxySettings, body: dict[str, Any]
+) -> tuple[httpx.Response, int]:
+    """POST to the engine; returns a 2xx response or raises ``UpstreamError``."""
+    url = settings.upstream_url.rstrip("/") + "/v1/chat/completions"
+    payload = orjson.dumps(body)
+    last = "no attempt made"
+    for attempt in range(1, settings.retries + 1):
+        delay = settings.retry_backoff_s * (2 ** (attempt - 1))
+        try:
+            resp = await client.post(
+                url,
+                content=payload,
+                headers={"content-type": "application/json"},
+                timeout=settings.upstream_timeout_s,
+            )
+        except httpx.TransportError as exc:
+            last = f"engine at {settings.upstream_url} unreachable ({type(exc).__name__}: {exc})"
+        else:
+            status = resp.status_code
+            if status < 300:
+                return resp, attempt
+            message = _error_message(resp)
+            if status == 400 and any(m in message.lower() for m in CONTEXT_MARKERS):
+                raise UpstreamError("context_overflow", 400, message, attempts=attempt)
+            if status in PASS_THROUGH_STATUSES:
+                raise UpstreamError("rejected", status, message, attempts=attempt)
+            if status not in RETRY_STATUSES and status < 500:
+                raise UpstreamError(
+                    "unavailable", 502, f"engine answered HTTP {status}: {message}", attempts=attempt
+                )
+            last = f"engine answered HTTP {status}: {message}"
+            hinted = _retry_after(resp, settings.max_retry_after_s)
+            if hinted is not None:
+                delay = hinted
+        if attempt < settings.retries:
+            await asyncio.sleep(delay)
+    raise UpstreamError(
+        "unavailable", 502, f"{last} (after {settings.retries} attempts)", attempts=settings.retries
+    )
+
+
+def parse_completion(data: Any, *, attempts: int, upstream_s: float) -> EngineResult:
+    """Pull the token-level capture out of the engine reply and leave a lean completion for dialects."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise UpstreamError(
+            "unavailable", 502, "engine reply has no choices (a 200 with no choices is not a turn)"
+        )
+    choice = data["choices"][0]
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise UpstreamError("unavailable", 502, "engine reply's first choice has no message")
+    notes: list[str] = []
+    raw_prompt = data.pop("prompt_token_ids", None)
+    if raw_prompt is None:
+        raw_prompt = choice.pop("prompt_token_ids", None)  # SGLang puts them on the choice
+    prompt_ids = array("i", raw_prompt) if isinstance(raw_prompt, list) else None
+    if prompt_ids is None:
+        notes.append("engine returned no prompt_token_ids: call kept as context only")
+    sampled = choice.pop("token_ids", None)
+    sampled_ids: list[int] = sampled if isinstance(sampled, list) else []
+    logprob_block = choice.pop("logprobs", None)
+    logprobs, aligned, why = _pair_logprobs(sampled_ids, logprob_block)
+    if not aligned:
+        notes.append(f"logprobs not usable ({why}): call kept as context only")
+    message = choice["message"]
+    if "reasoning" in message and "reasoning_content" not in message:
+        message["reasoning_content"] = message.pop("reasoning")
+    finish = choice.get("finish_reason") or "stop"
+    raw_usage = data.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    n_prompt = len(prompt_ids) if prompt_ids is not None else 0
+    usage = {
+        "prompt_tokens": usage.get("prompt_tokens") or n_prompt,
+        "completion_tokens": usage.get("completion_tokens") or len(sampled_ids),
+        "total_tokens": usage.get("total_tokens") or n_prompt + len(sampled_ids),
+        "prompt_tokens_details": usage.get("prompt_tokens_details") or {"cached_tokens": 0},
+        "completion_tokens_details": usage.get("completion_tokens_details") or {"reasoning_tokens": 0},
+    }
+    data["usage"] = usage
+    weight_version = data.get("weight_version")
+    if weight_version is None:
+        weight_version = choice.get("weight_versions")
+    return EngineResult(
+        completion=data,
+        message=message,
+        prompt_ids=prompt_ids,
+        sampled_ids=sampled_ids,
+        logprobs=logprobs,
+        logprobs_aligned=aligned and prompt_ids is not None,
+        finish_reason=str(finish),
+        weight_version=weight_version,
+        upstream_s=upstream_s,
+        attempts=attempts,
+        notes=notes,
+    )
+
+
+def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | None, bool, str]:
+    """Per position: entry i must be ``token_id:<sampled_ids[i]>`` with a finite logprob <= 0."""
+    if not sampled_ids:
+        return None, False, "engine returned no token_ids"
+    content = block.get("content") if isinstance(block, dict) else None
+    if not isinstance(content, list) or not content:
+        return None, False, "engine returned no logprobs.content (is top_logprobs=0 honoured?)"
+    if len(content) != len(sampled_ids):
+        return None, False, f"{len(content)} logprob entries for {len(sampled_ids)} sampled tokens"
+    out: list[float] = []
+    for i, (tid, entry) in enumerate(zip(sampled_ids, content, strict=True)):
+        token = entry.get("token") if isinstance(entry, dict) else None
+        lp = entry.get("logprob") if isinstance(entry, dict) else None
+        if token != f"token_id:{tid}":
+            return None, False, f"position {i}: logprob entry is for {token!r}, sampled token_id:{tid}"
+        if not isinstance(lp, int | float) or not math.isfinite(lp) or lp > 1e-6:
+            return None, False, f"position {i}: logprob {lp!r} is not a finite value <= 0"
+        out.append(min(float(lp), 0.0))
+    return out, True, ""
+
+
+async def call_engine(
+    client: httpx.AsyncClient, settings: ProxySettings, body: dict[str, Any]
+) -> EngineResult:
+    start = time.perf_counter()
+    resp, attempts = await post_with_retries(client, settings, body)
+    try:
+        data = orjson.loads(resp.content)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
+    return parse_completion(data, attempts=attempts, upstream_s=time.perf_counter() - start)
