@@ -1,0 +1,157 @@
+"""Launcher lifecycle: healthy on entry, the whole process group gone on exit, errors explained."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fineenvs.engine.handle import launch_vllm
+from fineenvs.engine.launcher import (
+    EngineStartError,
+    EngineUnavailableError,
+    cuda_devices,
+    free_port,
+    launched,
+    launched_async,
+    require_cuda,
+    start_process,
+    stop_process,
+)
+from fineenvs.engine.vllm import VLLMServeArgs
+
+FAKE = str(Path(__file__).with_name("fake_server.py"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it no longer runs anything
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def fake(mode: str, port: int, pidfile: Path | None = None) -> list[str]:
+    return [sys.executable, FAKE, str(port), mode] + ([str(pidfile)] if pidfile else [])
+
+
+def test_healthy_inside_and_whole_group_stopped_on_exit(tmp_path: Path) -> None:
+    port, pidfile = free_port(), tmp_path / "grandchild.pid"
+    url = f"http://127.0.0.1:{port}"
+    with launched(
+        fake("serve", port, pidfile), base_url=url, log_path=tmp_path / "e.log", timeout_s=20
+    ) as proc:
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "fake-model"
+        grandchild = int(pidfile.read_text())
+        assert alive(proc.pid) and alive(grandchild)
+    assert proc.returncode is not None
+    assert wait_dead(grandchild), "the grandchild survived: the process group was not stopped"
+    assert "fake engine starting in mode serve" in (tmp_path / "e.log").read_text()
+
+
+def test_stopped_when_the_block_raises(tmp_path: Path) -> None:
+    port = free_port()
+    with pytest.raises(KeyboardInterrupt):
+        with launched(
+            fake("serve", port), base_url=f"http://127.0.0.1:{port}", log_path=tmp_path / "e.log"
+        ) as proc:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
+    assert proc.returncode is not None and not alive(proc.pid)
+
+
+def test_process_dying_at_start_reports_the_log_tail(tmp_path: Path) -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(EngineStartError) as info:
+        with launched(
+            fake("die", port), base_url=f"http://127.0.0.1:{port}", log_path=tmp_path / "e.log", timeout_s=60
+        ):
+            pytest.fail("must not enter the block")
+    assert time.monotonic() - started < 10, "did not fail fast"
+    assert "exited with code 3" in str(info.value)
+    assert "CUDA out of memory (fake)" in str(info.value)
+
+
+def test_timeout_kills_the_silent_process(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "e.log"
+    with pytest.raises(EngineStartError, match="did not answer /health, /v1/models") as info:
+        with launched(fake("mute", port), base_url=f"http://127.0.0.1:{port}", log_path=log, timeout_s=1.0):
+            pass
+    assert "mode mute" in str(info.value)  # the log tail
+    pid = int(log.read_text().split("pid=")[1].split()[0])
+    assert wait_dead(pid), "the process that never became healthy was left running"
+
+
+def test_sigterm_ignored_then_sigkill(tmp_path: Path) -> None:
+    port = free_port()
+    proc = start_process(fake("stubborn", port), log_path=tmp_path / "e.log")
+    time.sleep(0.5)
+    started = time.monotonic()
+    stop_process(proc, grace_s=0.5)
+    assert proc.returncode is not None and time.monotonic() - started < 5
+
+
+def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EngineStartError, match="Cannot start '/nonexistent/vllm'"):
+        start_process(["/nonexistent/vllm", "serve"], log_path=tmp_path / "e.log")
+
+
+def test_async_context_manager(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    async def main() -> int:
+        async with launched_async(fake("serve", port), base_url=url, log_path=tmp_path / "e.log") as proc:
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(url + "/health")).status_code == 200
+            return proc.pid
+
+    pid = asyncio.run(main())
+    assert wait_dead(pid)
+
+
+def test_gpu_detection_reasons() -> None:
+    assert cuda_devices(env={"CUDA_VISIBLE_DEVICES": ""})[1].startswith("CUDA_VISIBLE_DEVICES")
+    gpus, reason = cuda_devices(
+        nvidia_smi="", device_glob="/nonexistent/nvidia[0-9]*", env={"PATH": "/nonexistent"}
+    )
+    assert gpus == [] and "no /dev/nvidia" in reason
+    assert require_cuda(devices=(["GPU 0: NVIDIA H200"], "")) == ["GPU 0: NVIDIA H200"]
+
+
+def test_vllm_refused_without_gpu_before_anything_starts(tmp_path: Path) -> None:
+    def no_gpu() -> None:
+        require_cuda(devices=([], "nvidia-smi is not on PATH and there is no /dev/nvidia* device"))
+
+    with pytest.raises(EngineUnavailableError) as info:
+        launch_vllm(VLLMServeArgs(model="Qwen/Qwen3.5-2B"), tmp_path / "run", check_gpu=no_gpu)
+    message = str(info.value)
+    for hint in ("NVIDIA GPU", "no /dev/nvidia", "engine=transformers", "engine.url=", "GPU machine"):
+        assert hint in message
+    assert not (tmp_path / "run").exists(), "nothing may be written or started before the GPU check"
+
+
+@pytest.mark.skipif(bool(cuda_devices()[0]), reason="this machine has a GPU")
+def test_vllm_refused_on_this_cpu_machine(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailableError, match="engine=transformers"):
+        launch_vllm(VLLMServeArgs(model="Qwen/Qwen3.5-2B"), tmp_path)

@@ -1,0 +1,183 @@
+"""The vLLM serve command, flag for flag against the published runs (published-system.md §2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fineenvs.engine.vllm import (
+    ModelFamily,
+    VLLMServeArgs,
+    build_serve_command,
+    build_serve_env,
+    check_generation_prompt_closed,
+    generation_prompt,
+    model_family,
+    patch_template,
+    prepare_chat_template,
+    published_serve_args,
+    trl_chat_template,
+    write_chat_template,
+)
+
+TEMPLATE = Path("/run/out/chat_template.jinja")
+NO_THINKING = '{"enable_thinking":false,"preserve_thinking":true}'
+SAMPLING = '{"temperature":0.8,"top_p":1.0,"top_k":-1}'
+QWEN_FLAGS = ["--limit-mm-per-prompt", '{"image":0,"video":0}', "--gdn-prefill-backend", "triton"]
+
+
+def published(model: str, served: str, parser: str, dp: str) -> list[str]:
+    """The published `serving_command` (FineEnvs runtime/models.py), transcribed."""
+    return [
+        "vllm", "serve", model, "--host", "127.0.0.1", "--port", "8000",
+        "--served-model-name", served, "--dtype", "bfloat16", "--tensor-parallel-size", "1",
+        "--data-parallel-size", dp, "--max-model-len", "131072", "--gpu-memory-utilization", "0.85",
+        "--enable-auto-tool-choice", "--tool-call-parser", parser, "--chat-template", str(TEMPLATE),
+        "--default-chat-template-kwargs", NO_THINKING, "--generation-config", "vllm",
+        "--override-generation-config", SAMPLING, "--logprobs-mode", "processed_logprobs",
+        "--return-tokens-as-token-ids", "--enforce-eager", "--no-enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def test_lfm_training_command_is_the_published_one() -> None:
+    args = published_serve_args("lfm", training=True, chat_template=TEMPLATE)
+    expected = published("LiquidAI/LFM2.5-2.6B", "LiquidAI/LFM2.5-2.6B", "lfm2", "1")
+    expected += ["--revision", "654f9463ce32b05d0429d76fe1f580b27d4c1ac0"]
+    expected += ["--weight-transfer-config", '{"backend":"nccl"}']
+    assert build_serve_command(args) == expected
+    assert build_serve_env(args, base={})["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_qwen_training_command_is_the_published_one() -> None:
+    args = published_serve_args("qwen", training=True, chat_template=TEMPLATE)
+    expected = published("Qwen/Qwen3.5-2B", "Qwen/Qwen3.5-2B", "qwen3_xml", "1")
+    expected += ["--revision", "15852e8c16360a2fea060d615a32b45270f8a8fc"]
+    expected += ["--weight-transfer-config", '{"backend":"nccl"}'] + QWEN_FLAGS
+    assert build_serve_command(args) == expected
+
+
+def test_checkpoint_eval_keeps_the_base_name_and_loads_eagerly() -> None:
+    args = published_serve_args("lfm", training=False, chat_template=TEMPLATE, checkpoint="/ckpt/step-700")
+    expected = published("/ckpt/step-700", "LiquidAI/LFM2.5-2.6B", "lfm2", "2")
+    expected += ["--safetensors-load-strategy", "eager"]
+    assert build_serve_command(args) == expected
+    assert "VLLM_SERVER_DEV_MODE" not in build_serve_env(args, base={"VLLM_SERVER_DEV_MODE": "1"})
+
+
+def test_teacher_command_uses_the_qwen_family_flags_without_weight_sync() -> None:
+    args = published_serve_args("teacher", training=False, chat_template=TEMPLATE)
+    assert (
+        build_serve_command(args)
+        == published("Qwen/Qwen3.8-27B", "Qwen/Qwen3.8-27B", "qwen3_xml", "2") + QWEN_FLAGS
+    )
+    with pytest.raises(ValueError, match="never trained"):
+        published_serve_args("teacher", training=True)
+
+
+def test_sampling_overrides_and_switches_reach_the_command() -> None:
+    args = VLLMServeArgs(
+        model="/models/lfm",
+        served_model_name="LiquidAI/LFM2.5-2.6B",
+        temperature=1.0,
+        top_k=0,
+        enforce_eager=False,
+        enable_prefix_caching=True,
+        tensor_parallel_size=2,
+        extra_args=["--seed", "7"],
+    )
+    cmd = build_serve_command(args)
+    assert json.loads(cmd[cmd.index("--override-generation-config") + 1]) == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+    }
+    assert "--enforce-eager" not in cmd and "--enable-prefix-caching" in cmd
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert cmd[-2:] == ["--seed", "7"]
+    assert "--chat-template" not in cmd  # only prepare_chat_template supplies one
+    assert cmd[cmd.index("--tool-call-parser") + 1] == "lfm2"  # family from the served name
+
+
+def test_generic_model_gets_no_tool_parser_and_reload_sync_needs_dev_mode() -> None:
+    args = VLLMServeArgs(model="meta-llama/Llama-3.2-1B-Instruct", weight_sync="reload")
+    cmd = build_serve_command(args)
+    assert "--tool-call-parser" not in cmd and "--weight-transfer-config" not in cmd
+    assert build_serve_env(args, base={})["VLLM_SERVER_DEV_MODE"] == "1"
+    forced = VLLMServeArgs(model="x", tool_call_parser="hermes")
+    assert (
+        build_serve_command(forced)[build_serve_command(forced).index("--tool-call-parser") + 1] == "hermes"
+    )
+
+
+def test_separate_vllm_venv() -> None:
+    args = VLLMServeArgs(model="Qwen/Qwen3.5-2B", python="/opt/vllm-venv/bin/python")
+    assert build_serve_command(args)[:3] == ["/opt/vllm-venv/bin/vllm", "serve", "Qwen/Qwen3.5-2B"]
+    env = build_serve_env(args, base={"PATH": "/usr/bin", "PYTHONPATH": "/trainer/site", "HOME": "/h"})
+    assert env["PATH"] == "/opt/vllm-venv/bin:/usr/bin"
+    assert env["VIRTUAL_ENV"] == "/opt/vllm-venv"
+    assert "PYTHONPATH" not in env and env["HOME"] == "/h"
+
+
+def test_bad_arguments_are_all_reported() -> None:
+    with pytest.raises(ValueError) as info:
+        VLLMServeArgs(model="m", port=70000, temperature=0.0, weight_sync="ipc", gpu_memory_utilization=1.5)
+    message = str(info.value)
+    for key in ("engine.port", "sampling.temperature", "engine.weight_sync", "engine.gpu_memory_utilization"):
+        assert key in message
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("LiquidAI/LFM2.5-2.6B", ModelFamily.lfm2_5),
+        ("/ckpt/LFM2_5-2.6B-step-50", ModelFamily.lfm2_5),
+        ("Qwen/Qwen3.5-2B", ModelFamily.qwen3_5),
+        ("Qwen/Qwen3.8-27B", ModelFamily.qwen3_8),
+        ("Qwen/Qwen3-8B", ModelFamily.generic),
+    ],
+)
+def test_model_family(name: str, family: ModelFamily) -> None:
+    assert model_family(name) is family
+
+
+@pytest.mark.parametrize(
+    ("family", "tail"),
+    [
+        (ModelFamily.lfm2_5, "<|im_start|>assistant\n<think></think>"),
+        (ModelFamily.qwen3_5, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        (ModelFamily.qwen3_8, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    ],
+)
+def test_patched_templates_do_not_open_a_thinking_block(
+    family: ModelFamily, tail: str, tmp_path: Path
+) -> None:
+    path = write_chat_template(family, tmp_path)
+    # generation_prompt asks for thinking (enable_thinking=True): the patch must override the caller
+    assert generation_prompt(path.read_text()).endswith(tail)
+    check_generation_prompt_closed(path.read_text())
+
+
+def test_unpatched_templates_are_caught() -> None:
+    with pytest.raises(ValueError, match="still opens a thinking block"):
+        check_generation_prompt_closed(trl_chat_template("qwen3_8.jinja"))
+    with pytest.raises(ValueError, match="template changed"):
+        patch_template(ModelFamily.lfm2_5, "{{ messages }}")
+
+
+def test_hub_lfm_generation_prompt_is_closed_too() -> None:
+    hub_style = trl_chat_template("lfm2_2_5.jinja").replace(
+        '{{- "<|im_start|>assistant\\n" -}}', '{{- "<|im_start|>assistant\\n<think>" -}}'
+    )
+    assert generation_prompt(patch_template(ModelFamily.lfm2_5, hub_style)).endswith(
+        "assistant\n<think></think>"
+    )
+
+
+def test_prepare_chat_template_writes_into_the_run_dir(tmp_path: Path) -> None:
+    args = prepare_chat_template(published_serve_args("qwen", training=True), tmp_path)
+    assert args.chat_template is not None and args.chat_template.parent == tmp_path
+    cmd = build_serve_command(args)
+    assert cmd[cmd.index("--chat-template") + 1] == str(args.chat_template)
+    assert prepare_chat_template(VLLMServeArgs(model="Qwen/Qwen3-8B"), tmp_path).chat_template is None
