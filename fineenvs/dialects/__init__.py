@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from fineenvs.dialects import openai_chat
+from fineenvs.dialects import anthropic_messages, gemini, openai_chat, openai_responses
 from fineenvs.dialects._common import stop_completion
 from fineenvs.dialects.base import JSON, CanonicalRequest, Dialect, DialectError
 
@@ -30,7 +30,9 @@ __all__ = [
 
 DIALECTS: dict[str, Dialect] = {
     "openai_chat": openai_chat.DIALECT,
-    # openai_responses, anthropic_messages, gemini: landing next (same API).
+    "openai_responses": openai_responses.DIALECT,
+    "anthropic_messages": anthropic_messages.DIALECT,
+    "gemini": gemini.DIALECT,
 }
 
 _GEMINI_PATH = re.compile(r"/v1(?:beta\d*|alpha)?/models/[^/]+:(?:stream)?generatecontent$", re.IGNORECASE)

@@ -1,0 +1,480 @@
+"""Anthropic Messages (``POST /v1/messages``, also ``?beta=true``): claude-code, opencode, pi,
+qwen-code, mini-swe-agent (litellm), hermes.
+
+What is covered:
+- ``system`` as a string or a list of text blocks (``cache_control`` ignored); Claude Code's
+  per-request ``x-anthropic-billing-header: ...`` nonce (first system block or line) stripped with a
+  note, because it changes every request and would break prefix linking; ``role: system`` messages
+  inside ``messages`` (Claude Code's mid-conversation system) kept in place as user turns;
+- content as a string or blocks: ``text``, ``image`` (base64 or url -> chat ``image_url``),
+  ``tool_use`` -> ``tool_calls`` (input JSON-encoded, key order kept), ``tool_result`` -> ``role: tool``
+  messages (string, text-block and image-block contents; ``is_error`` -> ``[Tool Error] `` prefix;
+  images moved to a following user message), ``thinking`` -> ``reasoning_content``,
+  ``redacted_thinking`` (ours decoded, others dropped with a note), server-tool blocks dropped;
+- tools: client tools with ``input_schema`` (also litellm's ``type: custom``; ``cache_control`` and
+  ``eager_input_streaming`` ignored); server tools (``web_search_*``, ``bash_*``, ... without
+  ``input_schema``) dropped with a note; ``tool_choice`` auto/any(-> required)/tool/none and
+  ``disable_parallel_tool_use``; ``tools: []`` drops ``tool_choice``;
+- ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop_sequences`` -> ``stop``;
+  ``output_config.format`` json_schema -> ``response_format``; ``thinking`` recorded in ``state``;
+- replies: ``thinking`` (synthetic ``fe:`` sha256 signature) before ``text`` before ``tool_use``;
+  stop reasons mapped; usage with cache fields (no nulls); the full named-event stream
+  (``message_start`` ... ``message_stop``, ``signature_delta`` before a thinking block closes).
+
+What is not covered: ``document`` / ``search_result`` / ``container_upload`` blocks (refused),
+real Anthropic signatures (not verifiable here; the thinking text is used as sent),
+``context_management`` and ``metadata`` (dropped: nothing to do for a local engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fineenvs.dialects._common import (
+    as_dict,
+    as_str,
+    check_n,
+    decode_reasoning,
+    dumps_args,
+    fail,
+    finish_tools,
+    function_tool,
+    join_text,
+    loads_args,
+    normalise_messages,
+    optional_int,
+    optional_number,
+    prefixed,
+    read_completion,
+    require_dict,
+    require_list,
+    require_str,
+    sse_event,
+    stable_id,
+    stop_completion,
+    thinking_signature,
+    type_name,
+)
+from fineenvs.dialects.base import JSON, CanonicalRequest
+
+BILLING_PREFIX = "x-anthropic-billing-header:"
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+SERVER_BLOCKS = (
+    "server_tool_use",
+    "web_search_tool_result",
+    "web_fetch_tool_result",
+    "code_execution_tool_result",
+    "bash_code_execution_tool_result",
+    "text_editor_code_execution_tool_result",
+    "mcp_tool_use",
+    "mcp_tool_result",
+    "container_upload",
+    "tool_search_tool_result",
+)
+
+
+def _image(block: JSON, where: str) -> JSON:
+    source = require_dict(block.get("source"), f"{where}.source")
+    if source.get("type") == "base64":
+        media = require_str(source.get("media_type"), f"{where}.source.media_type")
+        data = require_str(source.get("data"), f"{where}.source.data")
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+    if source.get("type") == "url":
+        return {
+            "type": "image_url",
+            "image_url": {"url": require_str(source.get("url"), f"{where}.source.url")},
+        }
+    raise fail(
+        f"{where}.source.type={source.get('type')!r} is not supported",
+        "the engine takes inline or URL images",
+        "Send the image as base64 or url source.",
+        param=f"{where}.source.type",
+    )
+
+
+def _user_content(parts: list[JSON]) -> str | list[JSON]:
+    if all(p["type"] == "text" for p in parts):
+        return join_text([p["text"] for p in parts])
+    return parts
+
+
+def _tool_result(block: JSON, where: str) -> tuple[JSON, list[JSON]]:
+    """One ``role: tool`` message, plus image parts that must follow in a user message."""
+    call_id = require_str(block.get("tool_use_id"), f"{where}.tool_use_id")
+    content = block.get("content")
+    texts: list[str] = []
+    images: list[JSON] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        for k, item in enumerate(content):
+            part = require_dict(item, f"{where}.content[{k}]")
+            if part.get("type") == "text":
+                texts.append(require_str(part.get("text"), f"{where}.content[{k}].text"))
+            elif part.get("type") == "image":
+                images.append(_image(part, f"{where}.content[{k}]"))
+            else:
+                raise fail(
+                    f"{where}.content[{k}].type={part.get('type')!r} is not supported",
+                    "tool results carry text and images",
+                    "Send text or image blocks.",
+                    param=f"{where}.content[{k}].type",
+                )
+    elif content is not None:
+        raise fail(
+            f"{where}.content must be a string or a list of blocks (got {type_name(content)})",
+            "that is the tool_result shape",
+            "Send the result as a string.",
+            param=f"{where}.content",
+        )
+    text = join_text(texts)
+    if block.get("is_error") is True:
+        text = "[Tool Error] " + text
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, images
+
+
+def _message(raw: object, i: int, notes: list[str]) -> list[JSON]:
+    where = f"messages[{i}]"
+    msg = require_dict(raw, where)
+    role = msg.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise fail(
+            f"{where}.role={role!r} is not supported",
+            "Messages roles are user and assistant (and system mid-conversation)",
+            "Use role user or assistant.",
+            param=f"{where}.role",
+        )
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    blocks = require_list(content, f"{where}.content")
+    if role == "system":
+        texts = [as_str(require_dict(b, f"{where}.content[{k}]").get("text")) for k, b in enumerate(blocks)]
+        return [{"role": "system", "content": join_text(texts)}]
+    out: list[JSON] = []
+    parts: list[JSON] = []
+    reasoning: list[str] = []
+    calls: list[JSON] = []
+    follow_images: list[JSON] = []
+    for k, raw_block in enumerate(blocks):
+        bw = f"{where}.content[{k}]"
+        block = require_dict(raw_block, bw)
+        kind = block.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": require_str(block.get("text"), f"{bw}.text")})
+        elif kind == "image":
+            parts.append(_image(block, bw))
+        elif kind == "tool_use" and role == "assistant":
+            inp = block.get("input")
+            calls.append(
+                {
+                    "id": require_str(block.get("id"), f"{bw}.id"),
+                    "type": "function",
+                    "function": {
+                        "name": require_str(block.get("name"), f"{bw}.name"),
+                        "arguments": dumps_args(inp if inp is not None else {}),
+                    },
+                }
+            )
+        elif kind == "tool_result" and role == "user":
+            tool_msg, images = _tool_result(block, bw)
+            out.append(tool_msg)
+            follow_images.extend(images)
+        elif kind == "thinking" and role == "assistant":
+            reasoning.append(as_str(block.get("thinking")))
+        elif kind == "redacted_thinking" and role == "assistant":
+            text = decode_reasoning(block.get("data"))
+            if text is None:
+                notes.append(f"{bw} redacted_thinking from another provider dropped (unreadable)")
+            else:
+                reasoning.append(text)
+        elif kind in SERVER_BLOCKS:
+            notes.append(f"{bw} {kind} block dropped: server-side tools do not run on the engine")
+        else:
+            raise fail(
+                f"{bw}.type={kind!r} is not supported in a {role} message",
+                "the proxy converts text, image, tool_use, tool_result and thinking blocks",
+                "Send those block types (documents as extracted text).",
+                param=f"{bw}.type",
+            )
+    if role == "user":
+        if follow_images:
+            notes.append(f"{where}: images inside tool_result moved to a following user message")
+            parts.extend(follow_images)
+        if parts:
+            out.append({"role": "user", "content": _user_content(parts)})
+        elif not out:
+            out.append({"role": "user", "content": ""})
+        return out
+    if any(p["type"] != "text" for p in parts):
+        raise fail(
+            f"{where} has an image in an assistant message",
+            "the engine takes images from users only",
+            "Move the image to a user message.",
+            param=f"{where}.content",
+        )
+    assistant: JSON = {
+        "role": "assistant",
+        "content": join_text([p["text"] for p in parts]) if parts else None,
+    }
+    if not parts and not calls:
+        assistant["content"] = ""
+    if reasoning:
+        assistant["reasoning_content"] = join_text(reasoning)
+    if calls:
+        assistant["tool_calls"] = calls
+    return [assistant]
+
+
+def _system(raw: object, notes: list[str]) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        texts = [raw]
+    else:
+        texts = [
+            require_str(require_dict(b, f"system[{k}]").get("text"), f"system[{k}].text")
+            for k, b in enumerate(require_list(raw, "system"))
+        ]
+    if texts and texts[0].startswith(BILLING_PREFIX):
+        first, _, rest = texts[0].partition("\n")
+        notes.append("claude-code billing header (per-request nonce) stripped from the system prompt")
+        texts = ([rest] if rest.strip() else []) + texts[1:]
+    return join_text(texts) if texts else None
+
+
+def _tools(raw: object, notes: list[str]) -> list[JSON]:
+    tools: list[JSON] = []
+    for k, t in enumerate(require_list(raw, "tools")):
+        tool = require_dict(t, f"tools[{k}]")
+        if "input_schema" not in tool or tool.get("type") not in (None, "custom"):
+            notes.append(
+                f"tools[{k}] {tool.get('type') or tool.get('name')!r} dropped: a server-side tool "
+                "the engine cannot run"
+            )
+            continue
+        tools.append(
+            function_tool(
+                require_str(tool.get("name"), f"tools[{k}].name"),
+                tool.get("description"),
+                require_dict(tool.get("input_schema"), f"tools[{k}].input_schema"),
+            )
+        )
+    return tools
+
+
+def _tool_choice(raw: object) -> tuple[object, bool | None]:
+    choice = require_dict(raw, "tool_choice")
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") is True else None
+    if kind == "auto":
+        return "auto", parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "none":
+        return "none", parallel
+    if kind == "tool":
+        name = require_str(choice.get("name"), "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}, parallel
+    raise fail(
+        f"tool_choice.type={kind!r} is not supported",
+        "Anthropic tool_choice types are auto, any, tool, none",
+        "Send one of those.",
+        param="tool_choice.type",
+    )
+
+
+class AnthropicMessages:
+    name = "anthropic_messages"
+
+    def to_canonical(
+        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
+    ) -> CanonicalRequest:
+        body = require_dict(body, "request body")
+        notes: list[str] = []
+        check_n(body.get("n"), "n")
+        raw_messages = require_list(body.get("messages"), "messages")
+        if not raw_messages:
+            raise fail(
+                "messages is empty",
+                "a model call needs at least one message",
+                "Send a user message.",
+                param="messages",
+            )
+        messages: list[JSON] = []
+        system = _system(body.get("system"), notes)
+        if system is not None:
+            messages.append({"role": "system", "content": system})
+        for i, m in enumerate(raw_messages):
+            messages.extend(_message(m, i, notes))
+        out: JSON = {"messages": normalise_messages(messages, notes)}
+        max_tokens = optional_int(body, "max_tokens")
+        if max_tokens is not None:
+            out["max_tokens"] = max_tokens
+        for key in ("temperature", "top_p", "top_k"):
+            if optional_number(body, key) is not None:
+                out[key] = body[key]
+        if body.get("stop_sequences") is not None:
+            out["stop"] = [
+                require_str(s, "stop_sequences[]")
+                for s in require_list(body["stop_sequences"], "stop_sequences")
+            ]
+        if body.get("tool_choice") is not None:
+            out["tool_choice"], parallel = _tool_choice(body["tool_choice"])
+            if parallel is not None:
+                out["parallel_tool_calls"] = parallel
+        finish_tools(out, _tools(body["tools"], notes) if body.get("tools") is not None else [], notes)
+        fmt = as_dict(as_dict(body.get("output_config")).get("format"))
+        if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+            out["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": fmt["schema"]},
+            }
+        thinking = as_dict(body.get("thinking"))
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise fail(
+                f"stream must be a boolean (got {type_name(stream)})",
+                "it selects SSE or JSON",
+                "Send stream: true or false.",
+                param="stream",
+            )
+        model = body.get("model")
+        return CanonicalRequest(
+            body=out,
+            stream=bool(stream),
+            model=model if isinstance(model, str) else None,
+            notes=notes,
+            state={"thinking": as_str(thinking.get("type"))},
+        )
+
+    def _blocks(self, completion: JSON) -> tuple[Any, list[JSON]]:
+        reply = read_completion(completion)
+        blocks: list[JSON] = []
+        if reply.reasoning:
+            blocks.append(
+                {
+                    "type": "thinking",
+                    "thinking": reply.reasoning,
+                    "signature": thinking_signature(reply.reasoning),
+                }
+            )
+        if reply.content or not reply.tool_calls:
+            blocks.append({"type": "text", "text": reply.content})
+        for call in reply.tool_calls:
+            blocks.append(
+                {"type": "tool_use", "id": call.id, "name": call.name, "input": loads_args(call.arguments)}
+            )
+        return reply, blocks
+
+    def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
+        reply, blocks = self._blocks(completion)
+        return {
+            "id": _msg_id(reply),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": STOP_REASONS.get(reply.finish_reason, "end_turn"),
+            "stop_sequence": None,
+            "usage": _usage(reply),
+        }
+
+    def stream_events(self, completion: JSON, request: CanonicalRequest, *, model: str) -> Iterator[bytes]:
+        reply, blocks = self._blocks(completion)
+        start_usage = {**_usage(reply), "output_tokens": 1}
+        yield sse_event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": _msg_id(reply),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+        )
+        for index, block in enumerate(blocks):
+            kind = block["type"]
+            if kind == "thinking":
+                empty: JSON = {"type": "thinking", "thinking": "", "signature": ""}
+                deltas = [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": block["signature"]},
+                ]
+            elif kind == "text":
+                empty = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+            else:
+                empty = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+                deltas = [{"type": "input_json_delta", "partial_json": dumps_args(block["input"])}]
+            yield sse_event(
+                "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
+            )
+            for delta in deltas:
+                yield sse_event(
+                    "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+                )
+            yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        yield sse_event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": STOP_REASONS.get(reply.finish_reason, "end_turn"),
+                    "stop_sequence": None,
+                },
+                "usage": _usage(reply),
+            },
+        )
+        yield sse_event("message_stop", {"type": "message_stop"})
+
+    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
+        kind = kind or ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": prefixed(message)}}
+
+    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
+        return self.from_chat_completion(stop_completion(text), request, model=model)
+
+    def keepalive(self) -> bytes:
+        return sse_event("ping", {"type": "ping"})
+
+
+def _msg_id(reply: Any) -> str:
+    return stable_id("msg_", reply.id)
+
+
+def _usage(reply: Any) -> JSON:
+    u = reply.usage
+    # Anthropic counts cache reads separately from input_tokens.
+    return {
+        "input_tokens": max(0, u.prompt - u.cached),
+        "output_tokens": u.completion,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached,
+        "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
+        "service_tier": "standard",
+    }
+
+
+DIALECT = AnthropicMessages()

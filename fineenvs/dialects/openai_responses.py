@@ -1,0 +1,591 @@
+"""OpenAI Responses (``POST /v1/responses``): codex (its only option), opencode, pi, hermes.
+
+What is covered:
+- ``instructions``, ``input`` as a string or a list of items: messages (roles user, assistant,
+  system, developer; ``input_text`` / ``output_text`` / ``input_image`` / ``refusal`` parts; items
+  with their own ``id``), ``function_call`` / ``function_call_output`` (string or part-list output),
+  ``custom_tool_call`` / ``custom_tool_call_output``, ``reasoning`` items (our ``fe:``
+  ``encrypted_content`` decoded, else ``content`` / ``summary`` text) attached to the next assistant
+  turn; consecutive assistant message and call items merged into one assistant message;
+  ``developer`` / ``system`` items merged into the system message (later ones kept as user turns);
+- tools: ``function`` (with ``strict``), ``custom`` (freeform: one string argument ``input``),
+  codex ``namespace`` (nested tools flattened to ``<namespace>__<name>``, mapped back to
+  ``name`` + ``namespace`` in replies), ``web_search`` and other hosted tools dropped with a note;
+  ``tool_choice``, ``parallel_tool_calls``, ``max_output_tokens`` -> ``max_tokens``,
+  ``text.format`` json_schema -> ``response_format``; ``reasoning`` recorded in ``state``;
+- replies: reasoning item (summary + ``encrypted_content`` that round-trips), message item,
+  function/custom call items; status ``incomplete`` on length; usage with detail objects; the full
+  event stream with ``sequence_number`` (``response.created`` ... ``response.completed``).
+
+What is not covered: ``previous_response_id`` and ``item_reference`` (refused: the proxy stores no
+responses; clients resend the full input), ``local_shell`` / ``shell`` / ``computer`` items
+(refused), file inputs, ``n`` (Responses has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fineenvs.dialects._common import (
+    SSE_COMMENT_KEEPALIVE,
+    as_dict,
+    as_str,
+    decode_reasoning,
+    dumps_args,
+    encode_reasoning,
+    fail,
+    finish_tools,
+    function_tool,
+    join_text,
+    loads_args,
+    normalise_messages,
+    optional_int,
+    optional_number,
+    prefixed,
+    read_completion,
+    require_dict,
+    require_list,
+    require_str,
+    sse_event,
+    stable_id,
+    stop_completion,
+    type_name,
+)
+from fineenvs.dialects.base import JSON, CanonicalRequest
+
+NS_SEP = "__"
+ERROR_CODES = {
+    400: "invalid_request_error",
+    401: "invalid_api_key",
+    404: "not_found",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+
+
+def _parts(content: object, where: str) -> str | list[JSON]:
+    if isinstance(content, str):
+        return content
+    parts: list[JSON] = []
+    for j, raw in enumerate(require_list(content, where)):
+        p = require_dict(raw, f"{where}[{j}]")
+        kind = p.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            parts.append({"type": "text", "text": require_str(p.get("text"), f"{where}[{j}].text")})
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": require_str(p.get("refusal"), f"{where}[{j}].refusal")})
+        elif kind == "input_image":
+            url = p.get("image_url")
+            if not isinstance(url, str):
+                raise fail(
+                    f"{where}[{j}] input_image without image_url",
+                    "the engine takes inline or URL images (file_id needs the OpenAI file store)",
+                    "Send image_url as a data: or https: URL.",
+                    param=f"{where}[{j}].image_url",
+                )
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            raise fail(
+                f"{where}[{j}].type={kind!r} is not supported",
+                "the proxy converts text and image parts",
+                "Send input_text/output_text/input_image parts.",
+                param=f"{where}[{j}].type",
+            )
+    if all(p["type"] == "text" for p in parts):
+        return join_text([p["text"] for p in parts])
+    return parts
+
+
+def _reasoning_text(item: JSON) -> str:
+    decoded = decode_reasoning(item.get("encrypted_content"))
+    if decoded is not None:
+        return decoded
+    for key in ("content", "summary"):
+        texts = [as_str(as_dict(p).get("text")) for p in item.get(key) or [] if isinstance(p, dict)]
+        if any(texts):
+            return join_text(texts)
+    return ""
+
+
+class _Builder:
+    """Turns Responses input items into chat messages, merging one assistant turn's items."""
+
+    def __init__(self, notes: list[str], names: dict[tuple[str, str], str]) -> None:
+        self.notes = notes
+        self.names = names  # (namespace, name) -> canonical name
+        self.messages: list[JSON] = []
+        self.pending_reasoning: list[str] = []
+
+    def assistant(self) -> JSON:
+        """The open assistant message (created when the last message is not one)."""
+        last = self.messages[-1] if self.messages else None
+        if (
+            last is None
+            or last["role"] != "assistant"
+            or self.pending_reasoning
+            and "reasoning_content" in last
+        ):
+            last = {"role": "assistant", "content": None}
+            self.messages.append(last)
+        if self.pending_reasoning:
+            last["reasoning_content"] = join_text(self.pending_reasoning)
+            self.pending_reasoning = []
+        return last
+
+    def add(self, raw: object, i: int) -> None:
+        where = f"input[{i}]"
+        item = require_dict(raw, where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise fail(
+                    f"{where}.role={role!r} is not supported",
+                    "message roles are user, assistant, system, developer",
+                    "Use one of those roles.",
+                    param=f"{where}.role",
+                )
+            content = _parts(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                if isinstance(content, list):
+                    raise fail(
+                        f"{where} has an image in an assistant message",
+                        "the engine takes images from users only",
+                        "Move the image to a user item.",
+                        param=f"{where}.content",
+                    )
+                msg = self.assistant()
+                if msg.get("tool_calls") or msg["content"]:
+                    msg = {"role": "assistant", "content": None}  # a second text message is a new turn
+                    self.messages.append(msg)
+                msg["content"] = content
+            else:
+                self.messages.append({"role": role, "content": content})
+        elif kind in ("function_call", "custom_tool_call"):
+            name = require_str(item.get("name"), f"{where}.name")
+            ns = item.get("namespace")
+            canonical = (
+                self.names.get((ns, name), f"{ns}{NS_SEP}{name}") if isinstance(ns, str) and ns else name
+            )
+            if kind == "function_call":
+                args = require_str(item.get("arguments"), f"{where}.arguments")
+            else:
+                args = dumps_args({"input": require_str(item.get("input"), f"{where}.input")})
+            msg = self.assistant()
+            msg.setdefault("tool_calls", []).append(
+                {
+                    "id": require_str(item.get("call_id"), f"{where}.call_id"),
+                    "type": "function",
+                    "function": {"name": canonical, "arguments": args},
+                }
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            text = _parts(output, f"{where}.output") if output is not None else ""
+            if isinstance(text, list):
+                images = [p for p in text if p["type"] != "text"]
+                self.notes.append(f"{where}: images in a tool output moved to a following user message")
+                text = join_text([p["text"] for p in text if p["type"] == "text"])
+                self.messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": require_str(item.get("call_id"), f"{where}.call_id"),
+                        "content": text,
+                    }
+                )
+                self.messages.append({"role": "user", "content": images})
+                return
+            self.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": require_str(item.get("call_id"), f"{where}.call_id"),
+                    "content": text,
+                }
+            )
+        elif kind == "reasoning":
+            text = _reasoning_text(item)
+            if text:
+                self.pending_reasoning.append(text)
+        elif kind in ("web_search_call", "file_search_call", "image_generation_call", "mcp_list_tools"):
+            self.notes.append(f"{where} {kind} item dropped: hosted tools do not run on the engine")
+        else:
+            raise fail(
+                f"{where}.type={kind!r} is not supported",
+                "the proxy stores no responses and runs only function/custom tools",
+                "Resend the full history as message, function_call, "
+                "function_call_output and reasoning items.",
+                param=f"{where}.type",
+            )
+
+
+def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict[tuple[str, str], str]]:
+    tools: list[JSON] = []
+    names: dict[tuple[str, str], str] = {}
+    tool_map: dict[str, JSON] = {}
+
+    def add(tool: JSON, where: str, namespace: str | None) -> None:
+        kind = tool.get("type")
+        name = require_str(tool.get("name"), f"{where}.name")
+        canonical = f"{namespace}{NS_SEP}{name}" if namespace else name
+        if kind == "function":
+            tools.append(function_tool(canonical, tool.get("description"), tool.get("parameters")))
+            if isinstance(tool.get("strict"), bool):
+                tools[-1]["function"]["strict"] = tool["strict"]
+        elif kind == "custom":
+            # A freeform tool: the model writes raw text, carried as one string argument.
+            description = as_str(tool.get("description"))
+            schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+            tools.append(function_tool(canonical, description, schema))
+            notes.append(
+                f"{where} custom (freeform) tool {name!r} offered as a function with one 'input' string"
+            )
+        else:
+            notes.append(f"{where} {kind!r} tool dropped: hosted tools do not run on the engine")
+            return
+        if namespace or kind == "custom":
+            tool_map[canonical] = {"name": name, "namespace": namespace, "custom": kind == "custom"}
+            if namespace:
+                names[(namespace, name)] = canonical
+
+    for k, t in enumerate(require_list(raw, "tools")):
+        tool = require_dict(t, f"tools[{k}]")
+        if tool.get("type") == "namespace":
+            ns = require_str(tool.get("name"), f"tools[{k}].name")
+            for j, inner in enumerate(require_list(tool.get("tools"), f"tools[{k}].tools")):
+                add(require_dict(inner, f"tools[{k}].tools[{j}]"), f"tools[{k}].tools[{j}]", ns)
+        else:
+            add(tool, f"tools[{k}]", None)
+    state["tool_map"] = tool_map
+    return tools, names
+
+
+def _tool_choice(raw: object, names: dict[tuple[str, str], str]) -> object:
+    if isinstance(raw, str):
+        return raw
+    choice = require_dict(raw, "tool_choice")
+    if choice.get("type") in ("function", "custom"):
+        name = require_str(choice.get("name"), "tool_choice.name")
+        ns = choice.get("namespace")
+        if isinstance(ns, str):
+            name = names.get((ns, name), name)
+        return {"type": "function", "function": {"name": name}}
+    return "auto"
+
+
+class OpenAIResponses:
+    name = "openai_responses"
+
+    def to_canonical(
+        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
+    ) -> CanonicalRequest:
+        body = require_dict(body, "request body")
+        notes: list[str] = []
+        if body.get("previous_response_id"):
+            raise fail(
+                "previous_response_id is not supported",
+                "the capture proxy stores no responses",
+                "Send store:false and the full history in input (codex and opencode do).",
+                param="previous_response_id",
+            )
+        state: JSON = {}
+        tools, names = _tools(body["tools"], notes, state) if body.get("tools") is not None else ([], {})
+        builder = _Builder(notes, names)
+        instructions = body.get("instructions")
+        if instructions is not None:
+            builder.messages.append({"role": "system", "content": require_str(instructions, "instructions")})
+        raw_input = body.get("input")
+        if isinstance(raw_input, str):
+            builder.messages.append({"role": "user", "content": raw_input})
+        else:
+            for i, item in enumerate(require_list(raw_input, "input")):
+                builder.add(item, i)
+        if builder.pending_reasoning:
+            notes.append("trailing reasoning item without a following assistant item dropped")
+        if not builder.messages:
+            raise fail(
+                "input is empty",
+                "a model call needs at least one message",
+                "Send a user message in input.",
+                param="input",
+            )
+        out: JSON = {"messages": normalise_messages(builder.messages, notes)}
+        max_tokens = optional_int(body, "max_output_tokens")
+        if max_tokens is not None:
+            out["max_tokens"] = max_tokens
+        for key in ("temperature", "top_p"):
+            if optional_number(body, key) is not None:
+                out[key] = body[key]
+        if body.get("tool_choice") is not None:
+            out["tool_choice"] = _tool_choice(body["tool_choice"], names)
+        if isinstance(body.get("parallel_tool_calls"), bool):
+            out["parallel_tool_calls"] = body["parallel_tool_calls"]
+        finish_tools(out, tools, notes)
+        fmt = as_dict(as_dict(body.get("text")).get("format"))
+        if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+            out["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": as_str(fmt.get("name"), "output"), "schema": fmt["schema"]},
+            }
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise fail(
+                f"stream must be a boolean (got {type_name(stream)})",
+                "it selects SSE or JSON",
+                "Send stream: true or false.",
+                param="stream",
+            )
+        # Echo fields for the Response object.
+        state.update(
+            {
+                key: body.get(key)
+                for key in (
+                    "instructions",
+                    "max_output_tokens",
+                    "temperature",
+                    "top_p",
+                    "tool_choice",
+                    "parallel_tool_calls",
+                    "reasoning",
+                    "metadata",
+                    "store",
+                    "prompt_cache_key",
+                )
+                if body.get(key) is not None
+            }
+        )
+        model = body.get("model")
+        return CanonicalRequest(
+            body=out,
+            stream=bool(stream),
+            model=model if isinstance(model, str) else None,
+            notes=notes,
+            state=state,
+        )
+
+    def _response(self, completion: JSON, request: CanonicalRequest, model: str) -> JSON:
+        reply = read_completion(completion)
+        rid = stable_id("resp_", reply.id)
+        tool_map = as_dict(request.state.get("tool_map"))
+        output: list[JSON] = []
+        if reply.reasoning:
+            output.append(
+                {
+                    "id": stable_id("rs_", reply.id),
+                    "type": "reasoning",
+                    "status": "completed",
+                    "summary": [{"type": "summary_text", "text": reply.reasoning}],
+                    "encrypted_content": encode_reasoning(reply.reasoning),
+                }
+            )
+        if reply.content or not reply.tool_calls:
+            output.append(
+                {
+                    "id": stable_id("msg_", reply.id),
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [
+                        {"type": "output_text", "text": reply.content, "annotations": [], "logprobs": []}
+                    ],
+                }
+            )
+        for k, call in enumerate(reply.tool_calls):
+            mapped = as_dict(tool_map.get(call.name))
+            item: JSON = {
+                "id": stable_id("fc_", reply.id, k),
+                "call_id": call.id,
+                "name": as_str(mapped.get("name"), call.name),
+                "status": "completed",
+            }
+            if mapped.get("namespace"):
+                item["namespace"] = mapped["namespace"]
+            if mapped.get("custom"):
+                item.update(
+                    {"type": "custom_tool_call", "input": as_str(loads_args(call.arguments).get("input"))}
+                )
+            else:
+                item.update({"type": "function_call", "arguments": call.arguments})
+            output.append(item)
+        u = reply.usage
+        incomplete = reply.finish_reason == "length"
+        s = request.state
+        reasoning = as_dict(s.get("reasoning"))
+        return {
+            "id": rid,
+            "object": "response",
+            "created_at": reply.created,
+            "model": model,
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "error": None,
+            "output": output,
+            "instructions": s.get("instructions"),
+            "max_output_tokens": s.get("max_output_tokens"),
+            "temperature": s.get("temperature", 1.0),
+            "top_p": s.get("top_p", 1.0),
+            "tool_choice": s.get("tool_choice", "auto"),
+            "tools": [],
+            "parallel_tool_calls": s.get("parallel_tool_calls", True),
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "store": bool(s.get("store", False)),
+            "metadata": s.get("metadata") or {},
+            "previous_response_id": None,
+            "usage": {
+                "input_tokens": u.prompt,
+                "input_tokens_details": {"cached_tokens": u.cached},
+                "output_tokens": u.completion,
+                "output_tokens_details": {"reasoning_tokens": u.reasoning},
+                "total_tokens": u.total,
+            },
+        }
+
+    def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
+        return self._response(completion, request, model)
+
+    def stream_events(self, completion: JSON, request: CanonicalRequest, *, model: str) -> Iterator[bytes]:
+        final = self._response(completion, request, model)
+        seq = 0
+
+        def ev(kind: str, **fields: Any) -> bytes:
+            nonlocal seq
+            payload = {"type": kind, "sequence_number": seq, **fields}
+            seq += 1
+            return sse_event(kind, payload)
+
+        pending = {**final, "status": "in_progress", "output": [], "incomplete_details": None, "usage": None}
+        yield ev("response.created", response=pending)
+        yield ev("response.in_progress", response=pending)
+        for index, item in enumerate(final["output"]):
+            yield from _item_events(ev, index, item)
+        yield ev(
+            "response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final
+        )
+
+    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
+        kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+        return {
+            "error": {
+                "message": prefixed(message),
+                "type": kind,
+                "param": None,
+                "code": ERROR_CODES.get(status, "server_error" if status >= 500 else str(status)),
+            }
+        }
+
+    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
+        return self.from_chat_completion(stop_completion(text), request, model=model)
+
+    def keepalive(self) -> bytes:
+        return SSE_COMMENT_KEEPALIVE
+
+
+def _item_events(ev: Any, index: int, item: JSON) -> Iterator[bytes]:
+    kind = item["type"]
+    iid = item["id"]
+    if kind == "reasoning":
+        yield ev(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "summary": [], "status": "in_progress"},
+        )
+        text = item["summary"][0]["text"]
+        part = {"type": "summary_text", "text": ""}
+        yield ev(
+            "response.reasoning_summary_part.added",
+            item_id=iid,
+            output_index=index,
+            summary_index=0,
+            part=part,
+        )
+        yield ev(
+            "response.reasoning_summary_text.delta",
+            item_id=iid,
+            output_index=index,
+            summary_index=0,
+            delta=text,
+        )
+        yield ev(
+            "response.reasoning_summary_text.done",
+            item_id=iid,
+            output_index=index,
+            summary_index=0,
+            text=text,
+        )
+        yield ev(
+            "response.reasoning_summary_part.done",
+            item_id=iid,
+            output_index=index,
+            summary_index=0,
+            part={"type": "summary_text", "text": text},
+        )
+    elif kind == "message":
+        yield ev(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "content": [], "status": "in_progress"},
+        )
+        text = item["content"][0]["text"]
+        yield ev(
+            "response.content_part.added",
+            item_id=iid,
+            output_index=index,
+            content_index=0,
+            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+        )
+        if text:
+            yield ev(
+                "response.output_text.delta",
+                item_id=iid,
+                output_index=index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        yield ev(
+            "response.output_text.done",
+            item_id=iid,
+            output_index=index,
+            content_index=0,
+            text=text,
+            logprobs=[],
+        )
+        yield ev(
+            "response.content_part.done",
+            item_id=iid,
+            output_index=index,
+            content_index=0,
+            part=item["content"][0],
+        )
+    elif kind == "function_call":
+        yield ev(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "arguments": "", "status": "in_progress"},
+        )
+        yield ev(
+            "response.function_call_arguments.delta", item_id=iid, output_index=index, delta=item["arguments"]
+        )
+        yield ev(
+            "response.function_call_arguments.done",
+            item_id=iid,
+            output_index=index,
+            name=item["name"],
+            arguments=item["arguments"],
+        )
+    else:  # custom_tool_call
+        yield ev(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "input": "", "status": "in_progress"},
+        )
+        yield ev(
+            "response.custom_tool_call_input.delta", item_id=iid, output_index=index, delta=item["input"]
+        )
+        yield ev("response.custom_tool_call_input.done", item_id=iid, output_index=index, input=item["input"])
+    yield ev("response.output_item.done", output_index=index, item=item)
+
+
+DIALECT = OpenAIResponses()
