@@ -1,0 +1,167 @@
+"""Weight sync call sequences against a recording fake server (the real-vLLM checks are `gpu`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fineenvs.engine.weights import (
+    EmbeddedWeightSync,
+    NcclEndpoint,
+    VLLMNcclWeightSync,
+    VLLMReloadWeightSync,
+    WeightSyncError,
+    save_safetensors,
+)
+
+
+class Recorder:
+    """Records (method, path, query, body) and answers like vLLM's dev routes."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.calls: list[tuple[str, str, dict[str, str], Any]] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        with self.lock:
+            self.calls.append((request.method, request.url.path, dict(request.url.params), body))
+        if request.url.path == self.fail:
+            return httpx.Response(500, json={"error": "boom"})
+        if request.url.path == "/get_world_size":
+            return httpx.Response(200, json={"world_size": 2})
+        if request.url.path == "/update_weights_from_path":
+            return httpx.Response(200, json={"weight_version": body["weight_version"]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(transport=httpx.MockTransport(self))
+
+    @property
+    def paths(self) -> list[str]:
+        return [path for _, path, _, _ in self.calls]
+
+
+def state_dict() -> dict[str, torch.Tensor]:
+    embed = torch.randn(16, 4)
+    return {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "model.norm.weight": torch.ones(4)}
+
+
+def test_save_safetensors_handles_tied_weights(tmp_path: Path) -> None:
+    weights = state_dict()
+    loaded = load_file(str(save_safetensors(weights, tmp_path)))
+    assert set(loaded) == set(weights)
+    assert torch.equal(loaded["lm_head.weight"], weights["model.embed_tokens.weight"])
+    assert not (tmp_path / "model.safetensors.partial").exists()
+
+
+def test_embedded_sync_saves_and_posts_the_path(tmp_path: Path) -> None:
+    rec = Recorder()
+    sync = EmbeddedWeightSync("http://engine", tmp_path / "staging", client=rec.client())
+    assert sync.push(state_dict(), 1) == 1
+    assert sync.push(state_dict(), 2) == 2
+    (_, path, _, body), last = rec.calls[0], rec.calls[-1]
+    assert path == "/update_weights_from_path" and body["weight_version"] == 1
+    assert Path(last[3]["path"]) == (tmp_path / "staging" / "v000002").resolve()
+    assert set(load_file(str(Path(last[3]["path"]) / "model.safetensors"))) == set(state_dict())
+    assert not (tmp_path / "staging" / "v000001").exists(), "older staged versions are pruned"
+
+
+def test_embedded_sync_passes_checkpoint_dirs_through_and_reports_rejection(tmp_path: Path) -> None:
+    rec = Recorder(fail="/update_weights_from_path")
+    sync = EmbeddedWeightSync("http://engine", tmp_path / "staging", client=rec.client())
+    with pytest.raises(WeightSyncError, match="answered 500"):
+        sync.push(tmp_path, 4)
+    assert rec.calls[0][3]["path"] == str(tmp_path.resolve())
+    with pytest.raises(FileNotFoundError):
+        sync.push(tmp_path / "missing", 5)
+
+
+def test_vllm_reload_sequence(tmp_path: Path) -> None:
+    rec = Recorder()
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    assert sync.push(state_dict(), 7) == 7
+    assert rec.paths == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    assert rec.calls[0][2] == {"mode": "wait"}  # drain in-flight requests before the change
+    rpc = rec.calls[1][3]
+    assert rpc["method"] == "reload_weights"
+    assert (Path(rpc["kwargs"]["weights_path"]) / "model.safetensors").is_file()
+    assert rec.calls[2][3] == {"new_version": "7"}
+
+
+def test_vllm_reload_resumes_even_when_reload_fails(tmp_path: Path) -> None:
+    rec = Recorder(fail="/collective_rpc")
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    with pytest.raises(WeightSyncError, match="reload_weights"):
+        sync.push(state_dict(), 8)
+    assert rec.paths == ["/pause", "/collective_rpc", "/resume"]
+
+
+class FakeNccl:
+    def __init__(self) -> None:
+        self.inits: list[tuple[str, int, int]] = []
+        self.sent: list[tuple[list[str], bool]] = []
+
+    def init(self, master_address: str, master_port: int, world_size: int) -> None:
+        self.inits.append((master_address, master_port, world_size))
+
+    def send(self, items: Iterable[tuple[str, torch.Tensor]], packed: bool) -> None:
+        self.sent.append(([name for name, _ in items], packed))
+
+
+def test_vllm_nccl_sequence() -> None:
+    rec, nccl = Recorder(), FakeNccl()
+    sync = VLLMNcclWeightSync(
+        "http://vllm", client=rec.client(), transport=nccl, endpoint=NcclEndpoint("10.0.0.1", 29555)
+    )
+    weights = {"a": torch.zeros(2, 3, dtype=torch.bfloat16), "b": torch.ones(4)}
+    assert sync.push(weights, 3) == 3
+    assert sync.push(weights, 4) == 4
+    assert rec.paths[:2] == ["/get_world_size", "/init_weight_transfer_engine"]
+    update = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume"]
+    assert rec.paths[2:] == update + update, "init happens once, then one handshake per push"
+    assert rec.calls[1][3] == {
+        "init_info": {"master_address": "10.0.0.1", "master_port": 29555, "rank_offset": 1, "world_size": 3}
+    }
+    assert nccl.inits == [("10.0.0.1", 29555, 3)]
+    assert rec.calls[4][3] == {
+        "update_info": {
+            "names": ["a", "b"],
+            "dtype_names": ["bfloat16", "float32"],
+            "shapes": [[2, 3], [4]],
+            "packed": True,
+        }
+    }
+    assert rec.calls[5][3] == {"weight_version": "3"} and rec.calls[2][2] == {"mode": "wait"}
+    assert nccl.sent == [(["a", "b"], True), (["a", "b"], True)]
+    sync.close()
+    assert rec.paths[-1] == "/shutdown_weight_transfer_engine"
+
+
+def test_vllm_nccl_resumes_after_a_failed_update_and_refuses_checkpoint_dirs(tmp_path: Path) -> None:
+    rec = Recorder(fail="/update_weights")
+    sync = VLLMNcclWeightSync("http://vllm", client=rec.client(), transport=FakeNccl())
+    with pytest.raises(WeightSyncError, match="update_weights"):
+        sync.push({"a": torch.zeros(1)}, 1)
+    assert rec.paths[-1] == "/resume" and "/finish_weight_update" not in rec.paths
+    with pytest.raises(ValueError, match="engine.weight_sync=reload"):
+        sync.push(tmp_path, 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_nccl_transport_imports_vllm_only_when_used() -> None:
+    from fineenvs.engine.weights import VLLMNcclTransport
+
+    transport = VLLMNcclTransport()  # constructing must not need vllm
+    with pytest.raises(ModuleNotFoundError, match="vllm"):
+        transport.init("127.0.0.1", 1, 2)
