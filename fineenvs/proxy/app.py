@@ -381,7 +381,10 @@ class ProxyApp:
         try:
             try:
                 result = await call_engine(self.upstream, self.settings, engine_req.body)
-            except UpstreamError as exc:
+            except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
+                if not isinstance(exc, UpstreamError):
+                    log.exception("engine call failed unexpectedly")
+                    exc = UpstreamError("unavailable", 502, f"{type(exc).__name__}: {exc}")
                 fields = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
                 if exc.kind == "context_overflow":
                     session.context_stops += 1
@@ -454,7 +457,7 @@ class ProxyApp:
             if canonical.stream:
                 events = list(dialect.stream_events(outcome.completion, canonical, model=model))
                 return StreamingResponse(
-                    _iter_bytes(events), media_type="text/event-stream", headers=SSE_HEADERS
+                    _iter_bytes(events), media_type=_media(canonical), headers=SSE_HEADERS
                 )
             return json_response(dialect.from_chat_completion(outcome.completion, canonical, model=model))
         except DialectError as exc:
@@ -477,7 +480,8 @@ class ProxyApp:
                 done, _ = await asyncio.wait({task}, timeout=self.settings.keepalive_seconds)
                 if done:
                     break
-                yield dialect.keepalive()
+                # Gemini without alt=sse streams one JSON array: whitespace is its only no-op.
+                yield dialect.keepalive() if _media(canonical) == "text/event-stream" else b"\n"
             result = task.result()
             if result.kind == "error" or result.completion is None:
                 body = orjson.dumps(dialect.error_body(result.status, result.message))
@@ -490,7 +494,11 @@ class ProxyApp:
             except DialectError as exc:
                 yield b"data: " + orjson.dumps(dialect.error_body(exc.status, str(exc))) + b"\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(events(), media_type=_media(canonical), headers=SSE_HEADERS)
+
+
+def _media(canonical: CanonicalRequest) -> str:
+    return "text/event-stream" if canonical.state.get("sse", True) else "application/json"
 
 
 async def _iter_bytes(events: list[bytes]) -> AsyncIterator[bytes]:
