@@ -1,0 +1,199 @@
+"""Runs the schedule: attempts concurrently up to ``max_inflight``, groups handed over when complete.
+
+The scheduler knows nothing about agents, proxies or graders: an ``AttemptRunner`` runs one
+attempt and returns an ``AttemptOutcome`` (a value, also when the attempt crashed or timed out —
+failures are values). The scheduler starts groups in schedule order, bounds the attempts in
+flight, and yields each group when all its attempts have finished, stamped with the oldest policy
+version any of its attempts started under (what staleness is measured against).
+
+Resume: ``RolloutState`` records the schedule hash and every group already consumed (trained on,
+or dropped as stale / without signal). A restarted run skips those groups, so it never replays a
+group it trained on; a different schedule hash is refused with a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fineenvs.rollout.schedule import PlannedGroup
+
+
+@dataclass
+class AttemptOutcome:
+    attempt_id: str
+    group_id: str
+    task_id: str
+    harness: str
+    policy_version: int
+    reward: float | None
+    """None: no grade (crash, timeout before an answer could be graded, grader failure)."""
+    reward_terms: dict[str, float | None] = field(default_factory=dict)
+    exit_reason: str = "finished"
+    rows: list[Any] = field(default_factory=list)
+    """Training rows of the attempt (fineenvs.trajectory rows), trainable ones only."""
+    tool_calls: int | None = None
+    tool_calls_verified: bool = False
+    duration_seconds: float = 0.0
+    model_calls: int = 0
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GroupOutcome:
+    planned: PlannedGroup
+    attempts: list[AttemptOutcome]
+
+    @property
+    def policy_version(self) -> int:
+        return min(a.policy_version for a in self.attempts)
+
+    @property
+    def graded(self) -> list[AttemptOutcome]:
+        return [a for a in self.attempts if a.reward is not None]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(a.rows) for a in self.attempts)
+
+
+class AttemptRunner(Protocol):
+    async def __call__(
+        self, group: PlannedGroup, attempt_index: int, policy_version: int
+    ) -> AttemptOutcome: ...
+
+
+class ScheduleMismatch(RuntimeError):
+    pass
+
+
+@dataclass
+class RolloutState:
+    """What a resumed run needs: the schedule fingerprint and the groups already consumed."""
+
+    schedule_hash: str
+    consumed: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def mark(self, group_id: str, counter: str | None = None) -> None:
+        if group_id not in self.consumed:
+            self.consumed.append(group_id)
+        if counter:
+            self.counters[counter] = self.counters.get(counter, 0) + 1
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {"schedule_hash": self.schedule_hash, "consumed": self.consumed, "counters": self.counters}
+            )
+        )
+        os.replace(tmp, path)
+
+    @classmethod
+    def load_or_new(cls, path: Path, schedule_hash: str) -> RolloutState:
+        if not path.exists():
+            return cls(schedule_hash)
+        data = json.loads(path.read_text())
+        if data["schedule_hash"] != schedule_hash:
+            raise ScheduleMismatch(
+                f"{path} belongs to a run with a different schedule (hash {data['schedule_hash'][:12]}, this "
+                f"config gives {schedule_hash[:12]}): the task list, harness mix, group size, passes or seed "
+                "changed, so resuming would train on a different sequence of groups. Resume with the original "
+                "config, or start in a new output directory."
+            )
+        return cls(data["schedule_hash"], list(data["consumed"]), dict(data.get("counters", {})))
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        schedule: list[PlannedGroup],
+        runner: AttemptRunner,
+        *,
+        max_inflight: int,
+        policy_version: Callable[[], int],
+        skip: set[str] | None = None,
+        max_ready_groups: int = 8,
+    ) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.schedule = schedule
+        self.runner = runner
+        self.max_inflight = max_inflight
+        self.policy_version = policy_version
+        self.skip = set(skip or ())
+        self.inflight = 0
+        self.peak_inflight = 0
+        self._ready: asyncio.Queue[GroupOutcome | None] = asyncio.Queue(maxsize=max(1, max_ready_groups))
+
+    @property
+    def pending(self) -> list[PlannedGroup]:
+        return [g for g in self.schedule if g.group_id not in self.skip]
+
+    async def groups(self) -> AsyncIterator[GroupOutcome]:
+        """Yield finished groups (in completion order) until the schedule is exhausted."""
+        producer = asyncio.create_task(self._produce())
+        try:
+            while True:
+                item = await self._ready.get()
+                if item is None:
+                    break
+                yield item
+            await producer
+        finally:
+            if not producer.done():
+                producer.cancel()
+                try:
+                    await producer
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                    pass
+
+    async def _produce(self) -> None:
+        slots = asyncio.Semaphore(self.max_inflight)
+        group_tasks: list[asyncio.Task[None]] = []
+
+        async def one_attempt(group: PlannedGroup, index: int) -> AttemptOutcome:
+            try:
+                self.inflight += 1
+                self.peak_inflight = max(self.peak_inflight, self.inflight)
+                version = self.policy_version()
+                try:
+                    return await self.runner(group, index, version)
+                except Exception as err:  # noqa: BLE001 - a runner bug must not kill the run: it is a value
+                    return AttemptOutcome(
+                        attempt_id=group.attempt_ids[index],
+                        group_id=group.group_id,
+                        task_id=group.task_id,
+                        harness=group.harness,
+                        policy_version=version,
+                        reward=None,
+                        exit_reason="crashed",
+                        error=f"{type(err).__name__}: {err}",
+                    )
+            finally:
+                self.inflight -= 1
+                slots.release()
+
+        async def run_group(group: PlannedGroup, started: list[asyncio.Task[AttemptOutcome]]) -> None:
+            outcomes = list(await asyncio.gather(*started))
+            await self._ready.put(GroupOutcome(group, outcomes))
+
+        try:
+            for group in self.pending:
+                started = []
+                for index in range(len(group.attempt_ids)):
+                    await slots.acquire()
+                    started.append(asyncio.create_task(one_attempt(group, index)))
+                group_tasks.append(asyncio.create_task(run_group(group, started)))
+            await asyncio.gather(*group_tasks)
+        finally:
+            for t in group_tasks:
+                t.cancel()
+            await self._ready.put(None)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, schedule_hash
+from fineenvs.rollout.scheduler import (
+    AttemptOutcome,
+    RolloutScheduler,
+    RolloutState,
+    ScheduleMismatch,
+)
+
+TASKS = [f"task-{i}" for i in range(10)]
+MIX = HarnessMix(("opencode", "claude_code", "codex", "mini_swe_agent"), (1.0, 1.0, 1.0, 1.0))
+
+
+def test_schedule_is_deterministic_and_hash_stable() -> None:
+    a = build_schedule(TASKS, MIX, group_size=8, passes=2)
+    b = build_schedule(list(TASKS), MIX, group_size=8, passes=2)
+    assert a == b and schedule_hash(a) == schedule_hash(b)
+    assert len(a) == 20 and all(len(g.attempt_ids) == 8 for g in a)
+    assert len({g.group_id for g in a}) == 20
+    assert len({aid for g in a for aid in g.attempt_ids}) == 160
+    c = build_schedule(TASKS, MIX, group_size=4, passes=2)
+    assert schedule_hash(c) != schedule_hash(a)
+
+
+def test_published_rotation() -> None:
+    groups = build_schedule(TASKS, MIX, group_size=8, passes=2)
+    for g in groups:
+        assert g.harness == MIX.names[(g.task_index + g.pass_index) % 4]
+        assert g.task_id == TASKS[g.task_index]
+    # each pass shifts the rotation, so a task meets a different harness each pass
+    assert groups[0].harness != groups[10].harness
+
+
+def test_weighted_mix_follows_weights() -> None:
+    mix = HarnessMix(("a", "b"), (3.0, 1.0))
+    tasks = [f"t{i}" for i in range(2000)]
+    groups = build_schedule(tasks, mix, group_size=2, passes=1, selection="weighted", seed=1)
+    share = Counter(g.harness for g in groups)["a"] / len(groups)
+    assert 0.70 < share < 0.80
+    again = build_schedule(tasks, mix, group_size=2, passes=1, selection="weighted", seed=1)
+    assert [g.harness for g in again] == [g.harness for g in groups]
+
+
+def test_bad_schedule_inputs() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        build_schedule([], MIX, group_size=8, passes=1)
+    with pytest.raises(ValueError, match="unique"):
+        build_schedule(["a", "a"], MIX, group_size=8, passes=1)
+    with pytest.raises(ValueError, match="> 0"):
+        HarnessMix(("a",), (0.0,))
+
+
+class FakeRunner:
+    def __init__(self, fail: set[int] | None = None, delay: float = 0.01) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.fail = fail or set()
+        self.delay = delay
+        self.harness_by_group: dict[str, set[str]] = {}
+
+    async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:
+        self.calls.append((group.group_id, attempt_index))
+        self.harness_by_group.setdefault(group.group_id, set()).add(group.harness)
+        await asyncio.sleep(self.delay)
+        if attempt_index in self.fail:
+            raise RuntimeError("agent crashed")
+        return AttemptOutcome(
+            attempt_id=group.attempt_ids[attempt_index],
+            group_id=group.group_id,
+            task_id=group.task_id,
+            harness=group.harness,
+            policy_version=policy_version,
+            reward=float(attempt_index % 2),
+        )
+
+
+async def _collect(sched: RolloutScheduler) -> list:
+    return [g async for g in sched.groups()]
+
+
+def test_inflight_bound_and_groups_complete() -> None:
+    schedule = build_schedule(TASKS[:6], MIX, group_size=4, passes=1)
+    runner = FakeRunner()
+    sched = RolloutScheduler(schedule, runner, max_inflight=6, policy_version=lambda: 0)
+    groups = asyncio.run(_collect(sched))
+    assert sorted(g.planned.group_id for g in groups) == sorted(g.group_id for g in schedule)
+    assert sched.peak_inflight <= 6 and sched.peak_inflight >= 4
+    assert all(len(g.attempts) == 4 for g in groups)
+    assert all(len(h) == 1 for h in runner.harness_by_group.values()), "one harness per group"
+
+
+def test_crash_is_a_value_with_none_reward() -> None:
+    schedule = build_schedule(TASKS[:2], MIX, group_size=4, passes=1)
+    sched = RolloutScheduler(schedule, FakeRunner(fail={1}), max_inflight=8, policy_version=lambda: 3)
+    groups = asyncio.run(_collect(sched))
+    for g in groups:
+        crashed = [a for a in g.attempts if a.exit_reason == "crashed"]
+        assert len(crashed) == 1 and crashed[0].reward is None and "agent crashed" in (crashed[0].error or "")
+        assert len(g.graded) == 3 and g.policy_version == 3
+
+
+def test_resume_skips_consumed_groups(tmp_path: Path) -> None:
+    schedule = build_schedule(TASKS[:4], MIX, group_size=2, passes=1)
+    h = schedule_hash(schedule)
+    state = RolloutState(h)
+    state.mark(schedule[0].group_id, "trained")
+    state.mark(schedule[2].group_id, "stale_dropped")
+    path = tmp_path / "rollout_state.json"
+    state.save(path)
+    again = RolloutState.load_or_new(path, h)
+    assert again.consumed == [schedule[0].group_id, schedule[2].group_id]
+    runner = FakeRunner()
+    sched = RolloutScheduler(
+        schedule, runner, max_inflight=4, policy_version=lambda: 0, skip=set(again.consumed)
+    )
+    groups = asyncio.run(_collect(sched))
+    assert {g.planned.group_id for g in groups} == {schedule[1].group_id, schedule[3].group_id}
+    assert {gid for gid, _ in runner.calls}.isdisjoint(again.consumed)
+
+
+def test_resume_refuses_other_schedule(tmp_path: Path) -> None:
+    path = tmp_path / "rollout_state.json"
+    RolloutState("a" * 64).save(path)
+    with pytest.raises(ScheduleMismatch, match="different schedule"):
+        RolloutState.load_or_new(path, "b" * 64)
