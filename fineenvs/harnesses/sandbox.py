@@ -1,0 +1,333 @@
+"""One attempt of one harness, isolated: fresh HOME and workdir, env from scratch, process group, timeout.
+
+Layout of an attempt folder::
+
+    attempt_dir/home/        HOME of the agent (its config files, logs, trajectories)
+    attempt_dir/work/        working directory (task inputs copied in; answer.txt expected here)
+    attempt_dir/stdout.txt   agent stdout        attempt_dir/stderr.txt  agent stderr
+    attempt_dir/attempt.json command line (task prompt included), env variable NAMES, result
+
+Two modes:
+
+* plain (default): separate HOME/workdir, an environment holding only PATH/HOME/locale, the
+  session key and the agent's switches (the parent's API keys never reach it), its own process
+  group plus an attempt marker in its environment, so that on exit or timeout the whole group and
+  any process that escaped it (``setsid``) is killed. The agent still runs as the same user with the
+  host's filesystem and network.
+* bwrap (``use_bwrap=True``): additionally a read-only view of the host's root, a private /tmp,
+  writable only the attempt folder, new PID/IPC/UTS namespaces and a private network namespace that
+  has only loopback; the proxy's host:port is reachable inside through a Unix-socket bridge, nothing
+  else is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from fineenvs.harnesses.base import Harness, Outputs
+
+ANSWER_FILE = "answer.txt"
+MARKER_ENV = "FINEENVS_ATTEMPT_ID"
+KILL_GRACE_SECONDS = 3.0
+
+EXIT_REASONS = ("finished", "timeout", "crashed", "budget_stop", "context_overflow", "wiring_failure")
+
+
+@dataclass(frozen=True)
+class ProxyStats:
+    """What the proxy saw of one session (filled by the caller, e.g. :func:`proxy_stats_from_rollout`)."""
+
+    model_calls: int
+    tool_calls: int
+    budget_stops: int = 0
+    context_stops: int = 0
+
+
+@dataclass
+class AttemptResult:
+    harness: str
+    exit_reason: str
+    returncode: int | None
+    duration_s: float
+    answer: str | None
+    final_text: str | None
+    proxy_model_calls: int | None
+    proxy_tool_calls: int | None
+    native_tool_calls: int | None
+    tool_calls_disagree: bool
+    attempt_dir: str
+    leftover_pids: list[int] = field(default_factory=list)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def classify(*, timed_out: bool, returncode: int | None, stats: ProxyStats | None) -> str:
+    """Exit reason; a proxy-enforced stop is the cause even when the agent then crashed or hung."""
+    if stats is not None:
+        if stats.budget_stops:
+            return "budget_stop"
+        if stats.context_stops:
+            return "context_overflow"
+        if stats.model_calls == 0:
+            return "wiring_failure"
+    if timed_out:
+        return "timeout"
+    return "finished" if returncode == 0 else "crashed"
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """Processes whose environment carries this attempt's marker (children inherit it)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found: list[int] = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _pids_in_group(pgid: int) -> list[int]:
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state ppid pgrp ...
+        rest = stat.rsplit(")", 1)[-1].split()
+        if len(rest) > 2 and rest[2] == str(pgid) and rest[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def kill_attempt(pgid: int, marker: str, *, grace: float = KILL_GRACE_SECONDS) -> list[int]:
+    """SIGTERM then SIGKILL the process group and every marked process; return pids still alive."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in _pids_with_marker(marker):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline:
+            if not [p for p in _pids_in_group(pgid) + _pids_with_marker(marker) if _alive(p)]:
+                return []
+            time.sleep(0.05)
+    return sorted({p for p in _pids_in_group(pgid) + _pids_with_marker(marker) if _alive(p)})
+
+
+def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
+    from fineenvs.harnesses.netbridge import UnixToTcp
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise RuntimeError("use_bwrap=True but bwrap is not installed; apt-get install bubblewrap")
+    parts = urlsplit(base_url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if host not in ("127.0.0.1", "localhost"):
+        raise RuntimeError(f"bwrap mode reaches the proxy over loopback only; base_url host is {host!r}")
+    sock = attempt_dir / "proxy.sock"
+    bridge = UnixToTcp(str(sock), host, port)
+    wrapped = [
+        bwrap,
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--bind", str(attempt_dir), str(attempt_dir),
+        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--die-with-parent",
+        "--chdir", str(workdir),
+        sys.executable if Path(sys.executable).exists() else "python3",
+        "-I", str(Path(__file__).with_name("netbridge.py")), str(port), str(sock), "--",
+        *argv,
+    ]  # fmt: skip
+    return wrapped, bridge
+
+
+def run_attempt(
+    harness: Harness,
+    *,
+    task_prompt: str,
+    input_files: Mapping[str, Path],
+    attempt_dir: Path,
+    base_url: str,
+    session_key: str,
+    model: str,
+    api_format: str | None = None,
+    timeout_seconds: float,
+    step_limit: int | None = None,
+    use_bwrap: bool = False,
+    proxy_stats: Callable[[], ProxyStats | None] | None = None,
+) -> AttemptResult:
+    """Run ``harness`` once on ``task_prompt`` in a fresh HOME/workdir under ``attempt_dir``.
+
+    ``proxy_stats`` is called after the agent has exited (and its process group is gone) and
+    returns what the proxy recorded for this attempt's session; it decides budget stops, context
+    overflows and wiring failures and gives the proxy-side tool-call count.
+    """
+    fmt = harness.check_format(api_format or harness.default_format)
+    attempt_dir = attempt_dir.resolve()
+    home, workdir = attempt_dir / "home", attempt_dir / "work"
+    for d in (home, home / "tmp", workdir):
+        d.mkdir(parents=True, exist_ok=True)
+    for rel, src in input_files.items():
+        dest = (workdir / rel).resolve()
+        if workdir not in dest.parents:
+            raise ValueError(f"input file name {rel!r} escapes the working directory; use a relative path")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            shutil.copytree(src, dest, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest)
+
+    harness.write_config(
+        home, workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt, step_limit=step_limit
+    )
+    argv = harness.command(task_prompt, home=home, workdir=workdir, model=model, api_format=fmt, step_limit=step_limit)
+    env = harness.env(home=home, workdir=workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt)
+    marker = uuid.uuid4().hex
+    env[MARKER_ENV] = marker
+
+    bridge: Any = None
+    if use_bwrap:
+        argv, bridge = _bwrap_wrap(argv, attempt_dir=attempt_dir, workdir=workdir, base_url=base_url)
+    record: dict[str, Any] = {
+        "harness": harness.name,
+        "version": harness.version,
+        "api_format": fmt,
+        "argv": argv,
+        "env_names": sorted(env),
+        "bwrap": use_bwrap,
+        "timeout_seconds": timeout_seconds,
+        "step_limit": step_limit,
+    }
+    (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
+
+    started = time.monotonic()
+    timed_out = False
+    returncode: int | None = None
+    leftover: list[int] = []
+    detail = ""
+    with (attempt_dir / "stdout.txt").open("wb") as out, (attempt_dir / "stderr.txt").open("wb") as err:
+        if bridge is not None:
+            bridge.__enter__()
+        try:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                detail = f"could not start {argv[0]}: {exc}"
+                proc = None
+            if proc is not None:
+                try:
+                    returncode = proc.wait(timeout=timeout_seconds)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                # Also after a clean exit: agents leave shells, servers and watchers behind.
+                leftover = kill_attempt(proc.pid, marker)
+                if returncode is None:
+                    returncode = proc.wait()
+        finally:
+            if bridge is not None:
+                bridge.__exit__(None, None, None)
+    duration = time.monotonic() - started
+
+    stats = proxy_stats() if proxy_stats is not None else None
+    outputs: Outputs = harness.parse_outputs(attempt_dir)
+    answer_path = workdir / ANSWER_FILE
+    answer = answer_path.read_text(errors="replace").strip() if answer_path.is_file() else None
+    reason = classify(timed_out=timed_out, returncode=None if detail else returncode, stats=stats)
+    if detail and reason == "finished":
+        reason = "crashed"
+    proxy_tools = stats.tool_calls if stats is not None else None
+    disagree = proxy_tools is not None and outputs.native_tool_calls is not None and proxy_tools != outputs.native_tool_calls
+    result = AttemptResult(
+        harness=harness.name,
+        exit_reason=reason,
+        returncode=returncode,
+        duration_s=round(duration, 3),
+        answer=answer,
+        final_text=outputs.final_text,
+        proxy_model_calls=stats.model_calls if stats is not None else None,
+        proxy_tool_calls=proxy_tools,
+        native_tool_calls=outputs.native_tool_calls,
+        tool_calls_disagree=disagree,
+        attempt_dir=str(attempt_dir),
+        leftover_pids=leftover,
+        detail="; ".join(x for x in (detail, outputs.detail) if x),
+    )
+    record["result"] = result.to_json()
+    (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
+    return result
+
+
+def count_tool_calls(calls: list[dict[str, Any]]) -> int:
+    """Tool calls the model emitted across recorded calls (parsed ``tool_calls`` of each completion)."""
+    total = 0
+    for call in calls:
+        for holder in (call.get("completion"), call.get("response"), call):
+            if not isinstance(holder, dict):
+                continue
+            choices = holder.get("choices")
+            if isinstance(choices, list) and choices:
+                msg = (choices[0] or {}).get("message") or {}
+                total += len(msg.get("tool_calls") or [])
+                break
+            if isinstance(holder.get("tool_calls"), list):
+                total += len(holder["tool_calls"])
+                break
+    return total
+
+
+def proxy_stats_from_rollout(rollout: dict[str, Any]) -> ProxyStats:
+    """:class:`ProxyStats` from the body of the proxy's ``GET /sessions/{id}/rollout``."""
+    session = rollout.get("session") or {}
+    calls = [c for c in rollout.get("calls") or [] if isinstance(c, dict)]
+    return ProxyStats(
+        model_calls=int(session.get("model_calls", len(calls))),
+        tool_calls=count_tool_calls(calls),
+        budget_stops=int(session.get("budget_stops", 0)),
+        context_stops=int(session.get("context_stops", 0)),
+    )
