@@ -226,13 +226,16 @@ def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict
 
     def add(tool: JSON, where: str, namespace: str | None) -> None:
         kind = tool.get("type")
+        if kind not in ("function", "custom"):
+            notes.append(f"{where} {kind!r} tool dropped: hosted tools do not run on the engine")
+            return
         name = require_str(tool.get("name"), f"{where}.name")
         canonical = f"{namespace}{NS_SEP}{name}" if namespace else name
         if kind == "function":
             tools.append(function_tool(canonical, tool.get("description"), tool.get("parameters")))
             if isinstance(tool.get("strict"), bool):
                 tools[-1]["function"]["strict"] = tool["strict"]
-        elif kind == "custom":
+        else:
             # A freeform tool: the model writes raw text, carried as one string argument.
             description = as_str(tool.get("description"))
             schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -240,9 +243,6 @@ def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict
             notes.append(
                 f"{where} custom (freeform) tool {name!r} offered as a function with one 'input' string"
             )
-        else:
-            notes.append(f"{where} {kind!r} tool dropped: hosted tools do not run on the engine")
-            return
         if namespace or kind == "custom":
             tool_map[canonical] = {"name": name, "namespace": namespace, "custom": kind == "custom"}
             if namespace:
