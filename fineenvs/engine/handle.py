@@ -10,6 +10,7 @@ block and stopped after it, whatever happens):
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -201,11 +202,17 @@ def launch_vllm(
     """The published vLLM command. Refuses on a machine without a GPU before writing or starting
     anything; writes the patched chat template into ``log_dir`` when ``args.chat_template`` is None."""
     check_gpu()
-    exe = Path(build_serve_command(args)[0])
-    if args.python is not None and not exe.is_file():
+    exe = build_serve_command(args)[0]
+    if args.python is not None and not Path(exe).is_file():
         raise FileNotFoundError(
             f"engine.python={args.python}: no vLLM console script at {exe}. Install vLLM into that venv "
             f"(`{args.python} -m pip install vllm==0.33.0`) or point engine.python at the venv that has it."
+        )
+    if args.python is None and shutil.which(exe) is None:
+        raise FileNotFoundError(
+            "engine=vllm: no `vllm` on PATH. Install vLLM 0.33 into its own venv "
+            "(`python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0`) and set "
+            "engine.python=~/venvs/vllm/bin/python, or attach to a running server with engine.url=..."
         )
     args = prepare_chat_template(args, log_dir)
     if args.port == 0:

@@ -155,3 +155,54 @@ def test_vllm_refused_without_gpu_before_anything_starts(tmp_path: Path) -> None
 def test_vllm_refused_on_this_cpu_machine(tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailableError, match="engine=transformers"):
         launch_vllm(VLLMServeArgs(model="Qwen/Qwen3.5-2B"), tmp_path)
+
+
+def fake_vllm_venv(root: Path) -> Path:
+    """A venv-shaped folder whose `bin/vllm` records its argv and env, then serves like a fake engine."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "vllm"
+    script.write_text(
+        "#!/bin/sh\n"
+        'echo "argv: $*"\n'
+        'echo "dev_mode=$VLLM_SERVER_DEV_MODE virtual_env=$VIRTUAL_ENV"\n'
+        'port=$(echo "$*" | sed -e "s/.*--port \\([0-9]*\\).*/\\1/")\n'
+        f'exec {sys.executable} {FAKE} "$port" serve\n'
+    )
+    script.chmod(0o755)
+    return bin_dir / "python"
+
+
+def test_launch_vllm_end_to_end_with_a_stand_in_binary(tmp_path: Path) -> None:
+    python = fake_vllm_venv(tmp_path / "venv")
+    args = VLLMServeArgs(
+        model="Qwen/Qwen3.5-2B",
+        port=0,
+        weight_sync="reload",
+        python=str(python),
+        served_model_name="fake-model",
+    )
+    run = tmp_path / "run"
+    with launch_vllm(args, run, check_gpu=lambda: None, timeout_s=20) as engine:
+        assert engine.kind == "vllm" and engine.served_model_name == "fake-model"
+        assert httpx.get(engine.url + "/health").status_code == 200
+        assert type(engine.weight_sync).__name__ == "VLLMReloadWeightSync"
+        pid = engine.pid
+    assert pid is not None and wait_dead(pid)
+    log = (run / "vllm.log").read_text()
+    assert "dev_mode=1" in log and f"virtual_env={tmp_path / 'venv'}" in log
+    template = run / "qwen3_5_nothink.jinja"
+    assert template.read_text().startswith("{%- set enable_thinking = false -%}")
+    assert f"--chat-template {template}" in log and "--tool-call-parser qwen3_xml" in log
+
+
+def test_launch_vllm_without_a_vllm_binary_explains_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(FileNotFoundError, match="no vLLM console script at /nonexistent/venv/bin/vllm"):
+        launch_vllm(
+            VLLMServeArgs(model="m", python="/nonexistent/venv/bin/python"), tmp_path, check_gpu=lambda: None
+        )
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="engine.python=~/venvs/vllm/bin/python"):
+        launch_vllm(VLLMServeArgs(model="m"), tmp_path, check_gpu=lambda: None)
