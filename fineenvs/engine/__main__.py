@@ -1,0 +1,83 @@
+"""``python -m fineenvs.engine serve --model tiny_qwen``: run the embedded engine alone.
+
+The model is a tiny model name (built offline on first use) or a local Hugging Face model
+directory. The server binds 127.0.0.1 unless told otherwise: its weight-update route loads
+files from any path it is given, so it must not face an untrusted network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from fineenvs.engine.generation import DTYPES
+from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fineenvs.engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model with vLLM's OpenAI-compatible API subset")
+    serve.add_argument(
+        "--model", required=True, help="tiny model name (tiny_qwen, ...) or a local HF model dir"
+    )
+    serve.add_argument("--seed", type=int, default=0, help="tiny-model weight seed and engine sampling seed")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
+    serve.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting or running before 503")
+    serve.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
+    serve.add_argument(
+        "--tool-call-parser", default=None, choices=TOOL_CALL_FORMATS, help="default: the model's"
+    )
+    serve.add_argument("--log-level", default="info")
+    return parser
+
+
+def resolve_model(model: str, seed: int = 0) -> Path:
+    """A tiny model name -> its built directory; otherwise an existing local directory."""
+    from fineenvs.models import TINY_MODELS, ensure_tiny_model
+
+    if model in TINY_MODELS:
+        return ensure_tiny_model(model, seed)
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise SystemExit(
+            f"--model {model!r} is neither a tiny model ({', '.join(TINY_MODELS)}) nor a local Hugging Face "
+            "model directory with a config.json (nothing is downloaded: point it at a local copy)"
+        )
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import uvicorn
+
+    from fineenvs.engine.server import create_engine_app
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    model_dir = resolve_model(args.model, args.seed)
+    name = args.served_model_name or args.model
+    app = create_engine_app(
+        model_dir,
+        served_model_name=name,
+        dtype=args.dtype,
+        max_queue=args.max_queue,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        tool_call_format=args.tool_call_parser,
+    )
+    logging.getLogger("fineenvs.engine").info(
+        "serving %s (%s) on http://%s:%d", name, model_dir, args.host, args.port
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

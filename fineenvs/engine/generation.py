@@ -1,0 +1,261 @@
+"""Token generation for the embedded engine: KV-cached decoding with a manual sampling loop.
+
+``transformers.generate`` does not expose the exact distribution each token was drawn from, and
+the trainer's importance ratios need precisely that: vLLM's ``processed_logprobs``. So each step
+here processes the logits the way vLLM's V1 sampler does (temperature, then min-p, then top-k,
+then top-p, masked entries at -inf), takes ``log_softmax`` of the result, and samples from it.
+The logprob returned for a token is its entry in that same tensor. Temperature 0 is greedy: the
+argmax of the raw logits, reported with the raw ``log_softmax`` (as vLLM does).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    skip_special_tokens: bool = True
+    # Test hook: emit these tokens first instead of sampling (their processed logprobs are still
+    # reported), then sample on. Lets tests drive the server path with outputs, such as tool
+    # calls, that a random model never samples. Only set when the app enables test hooks.
+    forced_prefix: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    stop_reason: int | str | None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    weight_version: int = 0
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Return the processed log-probabilities (1-D, float32) that the next token is sampled from."""
+    logits = logits.float()
+    if params.temperature <= 0.0:
+        return torch.log_softmax(logits, dim=-1)
+    logits = logits / params.temperature
+    if params.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    if params.top_k > 0 or params.top_p < 1.0:
+        # vLLM's apply_top_k_top_p: ascending sort; ties with the k-th value survive; top-p
+        # drops the low tail whose cumulative mass is <= 1 - p, always keeping the argmax.
+        sorted_logits, order = logits.sort(descending=False)
+        if 0 < params.top_k < sorted_logits.numel():
+            kth = sorted_logits[sorted_logits.numel() - params.top_k]
+            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        if params.top_p < 1.0:
+            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+            drop = cumulative <= 1.0 - params.top_p
+            drop[-1] = False
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+class Generator:
+    """A causal LM and its tokenizer, generating one request at a time (callers serialise)."""
+
+    def __init__(self, model_dir: Path, *, dtype: str = "float32", seed: int = 0) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not supported: choose one of {sorted(DTYPES)}")
+        self.model_dir = Path(model_dir)
+        self.dtype = dtype
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype]).eval()
+        self.config = self.model.config
+        self.eos_token_ids = self._eos_ids()
+        self.weight_version = 0
+        self.weights_path: str | None = None
+        self._rng = torch.Generator().manual_seed(seed)
+        self._byte_map = _byte_decoder()
+        self._token_bytes: dict[int, list[int]] = {}
+        self._special_ids = set(self.tokenizer.all_special_ids)
+        self._added = {i: t.content for i, t in self.tokenizer.added_tokens_decoder.items()}
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.lock = threading.Lock()  # held for every forward pass and weight swap
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for value in (gen_eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.append(value)
+            elif isinstance(value, list):
+                ids.extend(int(v) for v in value)
+        return tuple(dict.fromkeys(ids))
+
+    @property
+    def max_position_embeddings(self) -> int:
+        extra = getattr(self.config, "fineenvs", None)
+        if isinstance(extra, dict) and isinstance(extra.get("max_context"), int):
+            return int(extra["max_context"])
+        return int(getattr(self.config, "max_position_embeddings", 4096))
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The raw bytes of one token (OpenAI's ``bytes`` field)."""
+        cached = self._token_bytes.get(token_id)
+        if cached is None:
+            if token_id in self._added:
+                cached = list(self._added[token_id].encode("utf-8"))
+            else:
+                piece = self.tokenizer.convert_ids_to_tokens(token_id)
+                if isinstance(piece, str) and all(c in self._byte_map for c in piece):
+                    cached = [self._byte_map[c] for c in piece]
+                else:
+                    cached = list(self.decode([token_id], False).encode("utf-8", errors="replace"))
+            self._token_bytes[token_id] = cached
+        return cached
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    def _forward(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        kwargs = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+        out = self.model(input_ids=input_ids, **kwargs)
+        new_cache = out.get("cache", None)
+        if new_cache is None:
+            new_cache = out.get("past_key_values", None)
+        return out.logits[0, -1], new_cache
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Sample up to ``params.max_tokens`` tokens after ``prompt_ids``."""
+        rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else self._rng
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        window = max((len(s) for s in params.stop), default=0) + 8
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        finish: FinishReason = "length"
+        stop_reason: int | str | None = None
+        on_token = False  # stopped on a stop token, whose text is not part of the content
+        with self.lock, torch.inference_mode():
+            version = self.weight_version
+            logits, cache = self._forward(torch.tensor([prompt_ids], dtype=torch.long), None)
+            for step in range(params.max_tokens):
+                processed = process_logits(logits, params)
+                if step < len(params.forced_prefix):
+                    token = params.forced_prefix[step]
+                elif params.temperature <= 0.0:
+                    token = int(torch.argmax(logits))
+                else:
+                    token = int(torch.multinomial(processed.exp(), 1, generator=rng))
+                tokens.append(token)
+                if params.logprobs:
+                    logprobs.append(float(processed[token]))
+                    if params.top_logprobs > 0:
+                        values, ids = processed.topk(params.top_logprobs)
+                        tops.append([(int(i), float(v)) for v, i in zip(values, ids, strict=True)])
+                if token in stop_ids:
+                    finish, on_token = "stop", True
+                    stop_reason = token if token in params.stop_token_ids else None
+                    break
+                if params.stop:
+                    tail = self.decode(tokens[-window:], params.skip_special_tokens)
+                    hit = next((s for s in params.stop if s in tail), None)
+                    if hit is not None:
+                        finish, stop_reason = "stop", hit
+                        break
+                if step + 1 < params.max_tokens:
+                    logits, cache = self._forward(torch.tensor([[token]], dtype=torch.long), cache)
+        text = self.decode(tokens[:-1] if on_token else tokens, params.skip_special_tokens)
+        if isinstance(stop_reason, str):
+            text = text[: text.find(stop_reason)] if stop_reason in text else text
+        return GenerationResult(tokens, text, finish, stop_reason, logprobs, tops, version)
+
+    def load_weights(self, path: Path, version: int | None = None) -> list[str]:
+        """Load a safetensors file or checkpoint directory into the model; return loaded names.
+
+        Runs under the generation lock, so it waits for the request in flight and the next
+        request sees only the new weights. ``version`` defaults to the current one plus 1.
+        """
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if path.is_dir():
+            index = path / "model.safetensors.index.json"
+            if index.is_file():
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                files = [path / s for s in shards]
+            elif (path / "model.safetensors").is_file():
+                files = [path / "model.safetensors"]
+            else:
+                raise FileNotFoundError(
+                    f"{path} holds neither model.safetensors nor model.safetensors.index.json: "
+                    "pass a directory written by save_pretrained or a .safetensors file"
+                )
+        elif path.is_file():
+            files = [path]
+        else:
+            raise FileNotFoundError(f"{path} does not exist")
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        own = self.model.state_dict()
+        unexpected = sorted(set(state) - set(own))
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or {})
+        if self.config.tie_word_embeddings if hasattr(self.config, "tie_word_embeddings") else False:
+            tied |= {"lm_head.weight"}
+        missing = sorted(set(own) - set(state) - tied)
+        if unexpected or missing:
+            raise ValueError(
+                f"checkpoint {path} does not match the served model {self.model_dir}: "
+                f"unexpected keys {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}, "
+                f"missing keys {missing[:5]}{'...' if len(missing) > 5 else ''}"
+            )
+        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if bad:
+            raise ValueError(
+                f"checkpoint {path} has tensors of the wrong shape for {bad[:5]}: "
+                f"e.g. {bad[0]} is {tuple(state[bad[0]].shape)}, the model has {tuple(own[bad[0]].shape)}"
+            )
+        with self.lock, torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+            if "lm_head.weight" not in state and hasattr(self.model, "tie_weights"):
+                self.model.tie_weights()
+            self.weight_version = self.weight_version + 1 if version is None else version
+            self.weights_path = str(path)
+        return sorted(state)

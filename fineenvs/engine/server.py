@@ -1,0 +1,497 @@
+"""The embedded engine: a Starlette app with the subset of vLLM's OpenAI API fineenvs needs.
+
+Request and response shapes follow vLLM 0.33 started with ``--return-tokens-as-token-ids
+--logprobs-mode processed_logprobs``, so the proxy and trainer cannot tell the two apart:
+``prompt_token_ids`` at the top level, ``choices[0].token_ids``, logprob entries whose token is
+``token_id:<id>``, vLLM's error body ``{"error": {"message", "type", "param", "code"}}``.
+
+Generation is serialised on one worker thread. Requests wait in a bounded queue (503 when
+full) and a weight update queues behind the requests already admitted, so it drains them and
+every completion is produced by exactly one weight version, reported as ``weight_version``.
+Batching would raise throughput, but padding corrupts the recurrent state of the hybrid
+(convolution and linear-attention) models, and the logprob contract must hold for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fineenvs.engine.generation import GenerationResult, Generator, SamplingParams
+from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, ToolCallFormat, parse_tool_calls
+
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+def error(
+    message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
+) -> JSONResponse:
+    """vLLM's error body."""
+    return JSONResponse(
+        {"error": {"message": message, "type": err_type, "param": param, "code": status}}, status_code=status
+    )
+
+
+class ChatRequest(BaseModel):
+    """The fields of vLLM's ChatCompletionRequest that the engine honours; others are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    model: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    return_token_ids: bool = False
+    return_weight_versions: bool = False
+    n: int = 1
+    stream: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    skip_special_tokens: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    forced_completion_prefix: str | None = None  # test hook, honoured only when enabled
+
+    @field_validator("messages")
+    @classmethod
+    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str):
+                raise ValueError(f"messages[{i}] has no string 'role'")
+        return messages
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})"[:300])
+    return "Invalid request: " + "; ".join(parts)
+
+
+def _flatten_content(content: Any, where: str) -> Any:
+    """OpenAI content parts -> one string (vLLM's 'string' content format); text only."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for part in content:
+        if (
+            isinstance(part, dict)
+            and part.get("type") in ("text", "input_text")
+            and isinstance(part.get("text"), str)
+        ):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"{where}: content part of type {kind!r} is not supported (text-only model)")
+    return "\n".join(texts)
+
+
+def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Normalise OpenAI messages for HF chat templates, as vLLM's chat utils do."""
+    out = []
+    for i, message in enumerate(messages):
+        msg = {k: v for k, v in message.items() if v is not None}
+        if "content" in msg:
+            msg["content"] = _flatten_content(msg["content"], f"messages[{i}]")
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list):
+            fixed = []
+            for call in calls:
+                call = dict(call)
+                fn = dict(call.get("function") or {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"] or "{}")
+                    except json.JSONDecodeError:
+                        raise ValueError(
+                            f"messages[{i}].tool_calls: arguments of {fn.get('name')!r} are not valid JSON"
+                        ) from None
+                call["function"] = fn
+                fixed.append(call)
+            msg["tool_calls"] = fixed
+        out.append(msg)
+    return out
+
+
+class EngineState:
+    def __init__(
+        self,
+        generator: Generator,
+        *,
+        served_model_name: str,
+        max_queue: int,
+        max_model_len: int,
+        tool_call_format: ToolCallFormat,
+        enable_test_hooks: bool,
+    ) -> None:
+        self.generator = generator
+        self.served_model_name = served_model_name
+        self.max_queue = max_queue
+        self.max_model_len = max_model_len
+        self.tool_call_format = tool_call_format
+        self.enable_test_hooks = enable_test_hooks
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fineenvs-engine")
+        self.pending = 0
+        self.created = int(time.time())
+        self.weights_updated_at: float | None = None
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def _infer_tool_call_format(config: Any) -> ToolCallFormat:
+    extra = getattr(config, "fineenvs", None)
+    if isinstance(extra, dict) and extra.get("tool_call_format") in TOOL_CALL_FORMATS:
+        fmt: ToolCallFormat = extra["tool_call_format"]
+        return fmt
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type.startswith("lfm2"):
+        return "lfm2"
+    if model_type.startswith("qwen3_5") or model_type.startswith("qwen3_next"):
+        return "qwen3_xml"
+    return "hermes"
+
+
+def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> SamplingParams | JSONResponse:
+    limit = state.max_model_len
+    if prompt_len >= limit:
+        return error(
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
+    max_tokens = req.max_completion_tokens or req.max_tokens or (limit - prompt_len)
+    if prompt_len + max_tokens > limit:
+        return error(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="max_tokens",
+        )
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    forced: tuple[int, ...] = ()
+    if state.enable_test_hooks and req.forced_completion_prefix:
+        forced = tuple(
+            state.generator.tokenizer.encode(req.forced_completion_prefix, add_special_tokens=False)
+        )
+    tools_active = bool(req.tools) and req.tool_choice != "none"
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k in (None, -1) else int(req.top_k),
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        stop=tuple(s for s in stop if s),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs or 0,
+        # Like vLLM's tool parsers: keep special tool markers (e.g. LFM2's) in the text to parse.
+        skip_special_tokens=req.skip_special_tokens and not tools_active,
+        forced_prefix=forced,
+    )
+
+
+def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -> dict[str, Any]:
+    content = []
+    for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
+        tops = result.top_logprobs[i] if top_n else []
+        content.append(
+            {
+                "token": f"token_id:{token}",
+                "logprob": max(lp, -9999.0),
+                "bytes": generator.token_bytes(token),
+                "top_logprobs": [
+                    {"token": f"token_id:{t}", "logprob": max(v, -9999.0), "bytes": generator.token_bytes(t)}
+                    for t, v in tops
+                ],
+            }
+        )
+    return {"content": content}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: EngineState = request.app.state.engine
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error(f"Request body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        return error("Request body must be a JSON object")
+    try:
+        req = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        return error(_validation_message(exc))
+    if req.model and req.model != state.served_model_name:
+        return error(f"The model `{req.model}` does not exist.", 404, "NotFoundError", "model")
+    if req.stream:
+        return error(
+            "stream=true is not supported by the embedded engine: send stream=false "
+            "(the capture proxy never streams from the engine; it replays finished responses)",
+            param="stream",
+        )
+    if req.n != 1:
+        return error(f"n={req.n} is not supported: the engine returns exactly one choice (n=1)", param="n")
+    if req.top_logprobs and not req.logprobs:
+        return error("when using `top_logprobs`, `logprobs` must be set to true", param="top_logprobs")
+    if req.tool_choice not in (None, "auto", "none"):
+        return error(
+            f"tool_choice={req.tool_choice!r} needs constrained decoding, which the embedded engine does "
+            "not implement: use 'auto' or 'none'",
+            param="tool_choice",
+        )
+    generator = state.generator
+    try:
+        messages = _prepare_messages(req.messages)
+        tools: Any = req.tools or None
+        prompt = generator.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+            tokenize=False,
+            **(req.chat_template_kwargs or {}),
+        )
+    except Exception as exc:  # template errors are the client's: jinja raise_exception, bad roles
+        return error(f"Cannot render the chat template for these messages: {exc}", param="messages")
+    prompt_ids: list[int] = generator.tokenizer.encode(prompt, add_special_tokens=False)
+    params = _sampling(req, state, len(prompt_ids))
+    if isinstance(params, JSONResponse):
+        return params
+    if state.pending >= state.max_queue:
+        return error(
+            f"The engine queue is full ({state.max_queue} requests waiting or running); retry later "
+            "or start the engine with a larger --max-queue",
+            503,
+            "ServiceUnavailableError",
+        )
+    state.pending += 1
+    try:
+        result: GenerationResult = await state.run(generator.generate, prompt_ids, params)
+    finally:
+        state.pending -= 1
+    return JSONResponse(_response_body(req, state, prompt_ids, result))
+
+
+def _response_body(
+    req: ChatRequest, state: EngineState, prompt_ids: list[int], result: GenerationResult
+) -> dict[str, Any]:
+    finish: str = result.finish_reason
+    content: str | None = result.text
+    tool_calls: list[dict[str, Any]] = []
+    if req.tools and req.tool_choice != "none":
+        parsed = parse_tool_calls(result.text, state.tool_call_format, req.tools)
+        content, tool_calls = parsed.content, parsed.tool_calls
+        if tool_calls and finish == "stop":
+            finish = "tool_calls"
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": tool_calls,
+            "reasoning": None,
+        },
+        "logprobs": _logprobs_body(result, state.generator, req.top_logprobs or 0) if req.logprobs else None,
+        "finish_reason": finish,
+        "stop_reason": result.stop_reason,
+        "token_ids": result.token_ids if req.return_token_ids else None,
+    }
+    if req.return_weight_versions:
+        choice["weight_versions"] = [
+            {"weight_version": result.weight_version, "start": 0, "end": len(result.token_ids)}
+        ]
+    n_out = len(result.token_ids)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.served_model_name,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "total_tokens": len(prompt_ids) + n_out,
+            "completion_tokens": n_out,
+            "prompt_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if req.return_token_ids else None,
+        "kv_transfer_params": None,
+        "weight_version": result.weight_version,
+    }
+
+
+async def models(request: Request) -> Response:
+    state: EngineState = request.app.state.engine
+    card = {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "fineenvs",
+        "root": str(state.generator.model_dir),
+        "parent": None,
+        "max_model_len": state.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+def _weight_info(state: EngineState) -> dict[str, Any]:
+    gen = state.generator
+    return {
+        "weight_version": gen.weight_version,
+        "model": state.served_model_name,
+        "model_dir": str(gen.model_dir),
+        "loaded_from": gen.weights_path,
+        "updated_at": state.weights_updated_at,
+        "dtype": gen.dtype,
+        "pending_requests": state.pending,
+    }
+
+
+async def weight_info(request: Request) -> Response:
+    return JSONResponse(_weight_info(request.app.state.engine))
+
+
+async def update_weights_from_path(request: Request) -> Response:
+    state: EngineState = request.app.state.engine
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error(f"Request body is not valid JSON: {exc}")
+    path = body.get("path") if isinstance(body, dict) else None
+    if not isinstance(path, str) or not path:
+        return error(
+            'Body must be {"path": "<safetensors file or checkpoint dir>", "weight_version": <int, optional>}',
+            param="path",
+        )
+    version = body.get("weight_version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        return error(f"weight_version must be an integer, got {version!r}", param="weight_version")
+    try:
+        # Queued on the generation worker: runs after every request admitted before it.
+        loaded = await state.run(state.generator.load_weights, Path(path), version)
+    except (FileNotFoundError, ValueError, RuntimeError, OSError) as exc:
+        return error(f"Cannot load weights from {path}: {exc}", param="path")
+    state.weights_updated_at = time.time()
+    return JSONResponse({**_weight_info(state), "loaded_tensors": len(loaded)})
+
+
+def create_engine_app(
+    model_dir: Path,
+    *,
+    served_model_name: str,
+    dtype: str = "float32",
+    max_queue: int = 64,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    tool_call_format: ToolCallFormat | None = None,
+    enable_test_hooks: bool = False,
+) -> Starlette:
+    """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
+
+    ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
+    from the architecture). ``enable_test_hooks`` honours the request field
+    ``forced_completion_prefix`` (tests only; never in production).
+    """
+    if max_queue < 1:
+        raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+    generator = Generator(Path(model_dir), dtype=dtype, seed=seed)
+    limit = max_model_len or generator.max_position_embeddings
+    if limit > generator.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={limit} exceeds the model's max_position_embeddings "
+            f"({generator.max_position_embeddings}); lower it or leave it unset"
+        )
+    fmt = tool_call_format or _infer_tool_call_format(generator.config)
+    state = EngineState(
+        generator,
+        served_model_name=served_model_name,
+        max_queue=max_queue,
+        max_model_len=limit,
+        tool_call_format=fmt,
+        enable_test_hooks=enable_test_hooks,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        yield
+        state.executor.shutdown(wait=False, cancel_futures=True)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/update_weights_from_path", update_weights_from_path, methods=["POST"]),
+            Route("/weight_info", weight_info, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.engine = state
+    return app
+
+
+@contextmanager
+def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` under uvicorn on a background thread; yield its base URL, stop on exit.
+
+    ``port=0`` picks a free port. For tests, benchmarks and in-process attach-mode use.
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the engine server did not start on {host}:{bound}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
