@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from fineenvs.report import main, write_report
+
+
+def _fake_run(root: Path, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "metrics.jsonl").open("w") as f:
+        for step in range(1, 9):
+            row: dict[str, float | int] = {
+                "step": step,
+                "train/ratio": 1.0 + float(rng.normal(0, 1e-3)),
+                "train/loss": 0.1,
+            }
+            for h in ("opencode", "codex"):
+                row[f"rollout/harness/{h}/reward_mean"] = float(rng.uniform(0, 1))
+                row[f"rollout/harness/{h}/pass_rate"] = float(rng.uniform(0, 1))
+            f.write(json.dumps(row) + "\n")
+    with (root / "attempts.jsonl").open("w") as f:
+        for i in range(20):
+            h = "opencode" if i % 2 else "codex"
+            f.write(
+                json.dumps(
+                    {
+                        "harness": h,
+                        "reward": float(i % 3 == 0),
+                        "tool_calls": int(rng.integers(1, 20)),
+                        "rows": 1,
+                    }
+                )
+                + "\n"
+            )
+    (root / "eval").mkdir(exist_ok=True)
+    (root / "eval" / "results.json").write_text(
+        json.dumps(
+            {
+                "pass_at_1": {
+                    "base": {"opencode": 0.4, "codex": 0.3},
+                    "rl": {"opencode": 0.55, "codex": 0.5},
+                },
+                "overall": {"base": 0.35, "rl": 0.525},
+                "tool_call_reduction": {"rl vs base": 0.31},
+            }
+        )
+    )
+    return root
+
+
+def _nontrivial(png: Path) -> None:
+    assert png.stat().st_size > 5_000, png
+    img = mpimg.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert float(np.std(img[..., :3])) > 0.02, f"{png} looks blank"
+
+
+def test_report_renders_all_plots(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path / "run")
+    index = write_report(run)
+    text = index.read_text()
+    for name in ("reward.png", "pass_rate.png", "ratio.png", "tool_calls.png", "eval_matrix.png"):
+        assert (index.parent / name).exists(), name
+        _nontrivial(index.parent / name)
+        assert name in text
+    assert "0.525" in text and "opencode" in text
+
+
+def test_report_over_sweep_dir(tmp_path: Path) -> None:
+    _fake_run(tmp_path / "sweep" / "0", seed=1)
+    _fake_run(tmp_path / "sweep" / "1", seed=2)
+    index = write_report(tmp_path / "sweep")
+    assert (index.parent / "run0_reward.png").exists() and (index.parent / "run1_reward.png").exists()
+
+
+def test_report_cli_errors_on_empty_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 1
+    assert "holds no fineenvs run" in capsys.readouterr().err
+    assert main([]) == 2
