@@ -574,31 +574,17 @@ def _check_proxy(run: RunConfig) -> list[str]:
     return out
 
 
-_KNOWN_REWARD_TERMS = {"correctness", "tool_efficiency"}
-
-
 def _check_reward(run: RunConfig) -> list[str]:
+    """The reward rules live with the terms (fineenvs/rewards.py); correctness must weigh 1.0 here
+    because every bonus multiplies it and rewards are compared within a group."""
+    from fineenvs.rewards import validate_reward_terms
+
     r = run.reward
-    out: list[str] = []
-    unknown = sorted(set(r.terms) - _KNOWN_REWARD_TERMS)
-    if unknown:
+    out = validate_reward_terms(dict(r.terms), tool_budget=r.tool_budget)
+    weight = r.terms.get("correctness")
+    if weight is not None and weight != 1.0:
         out.append(
-            f"Unknown reward term(s) {', '.join(unknown)}. Known: {', '.join(sorted(_KNOWN_REWARD_TERMS))} "
-            "(fineenvs/rewards.py). A term an agent can earn without solving the task (a bonus for "
-            "submitting, say) is refused: a published run collapsed from 0.740 to 0.178 held-out accuracy "
-            "with '+0.2 for submitting'."
+            f"reward.terms.correctness must be 1.0 (got {weight}): every other term multiplies correctness. "
+            "Fix: reward.terms.correctness=1.0"
         )
-    if r.terms.get("correctness", 0.0) != 1.0:
-        out.append(
-            f"reward.terms.correctness must be 1.0 (got {r.terms.get('correctness')}): every other term "
-            "multiplies correctness, and rewards are compared within a group. Fix: reward.terms.correctness=1.0"
-        )
-    w = r.terms.get("tool_efficiency")
-    if w is not None and not 0.0 <= w <= 0.1:
-        out.append(
-            f"reward.terms.tool_efficiency must be in [0, 0.1] (got {w}): a larger bonus lets fewer tool "
-            "calls outweigh correctness differences. Fix: reward.terms.tool_efficiency=0.1"
-        )
-    if r.tool_budget < 1:
-        out.append(f"reward.tool_budget must be >= 1 (got {r.tool_budget}). Fix: reward.tool_budget=15")
     return out
