@@ -295,7 +295,7 @@ def normalise_messages(messages: list[JSON], notes: list[str]) -> list[JSON]:
     out: list[JSON] = []
     leading: list[str] = []
     seen_other = False
-    for i, msg in enumerate(messages):
+    for msg in messages:
         role = msg.get("role")
         if role in ("system", "developer"):
             text = msg.get("content")
@@ -314,7 +314,8 @@ def normalise_messages(messages: list[JSON], notes: list[str]) -> list[JSON]:
                 leading.append(text)
                 continue
             notes.append(
-                f"{role} message at position {i} sent as a user message (templates take system only first)"
+                f"mid-conversation {role} message sent as a user message at canonical position {len(out) + bool(leading)} "
+                "(templates take system only first)"
             )
             out.append({"role": "user", "content": text})
             continue

@@ -401,9 +401,7 @@ class OpenAIResponses:
             if mapped.get("namespace"):
                 item["namespace"] = mapped["namespace"]
             if mapped.get("custom"):
-                item.update(
-                    {"type": "custom_tool_call", "input": as_str(loads_args(call.arguments).get("input"))}
-                )
+                item.update({"type": "custom_tool_call", "input": _custom_input(call.arguments)})
             else:
                 item.update({"type": "function_call", "arguments": call.arguments})
             output.append(item)
@@ -435,7 +433,7 @@ class OpenAIResponses:
             "previous_response_id": None,
             "usage": {
                 "input_tokens": u.prompt,
-                "input_tokens_details": {"cached_tokens": u.cached},
+                "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
                 "output_tokens": u.completion,
                 "output_tokens_details": {"reasoning_tokens": u.reasoning},
                 "total_tokens": u.total,
@@ -480,6 +478,12 @@ class OpenAIResponses:
 
     def keepalive(self) -> bytes:
         return SSE_COMMENT_KEEPALIVE
+
+
+def _custom_input(arguments: str) -> str:
+    """The freeform text of a custom tool call: the ``input`` argument, else the raw arguments."""
+    value = loads_args(arguments).get("input")
+    return value if isinstance(value, str) else arguments
 
 
 def _item_events(ev: Any, index: int, item: JSON) -> Iterator[bytes]:

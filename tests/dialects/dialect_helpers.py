@@ -103,3 +103,64 @@ def load_fixture(api_format: str, name: str) -> dict[str, Any]:
 
 def fixture_names(api_format: str) -> list[str]:
     return sorted(p.name for p in (FIXTURES / api_format).glob("*.json"))
+
+
+def sse_payloads(raw: bytes) -> list[tuple[str | None, Any]]:
+    """(event name, parsed data) per SSE event; ``[DONE]`` comes back as the string."""
+    out: list[tuple[str | None, Any]] = []
+    for block in raw.decode().replace("\r\n", "\n").split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        event = None
+        data = []
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data.append(line[len("data: ") :])
+            else:
+                raise AssertionError(f"unexpected SSE line {line!r}")
+        text = "\n".join(data)
+        out.append((event, text if text == "[DONE]" else json.loads(text)))
+    return out
+
+
+def validate_reply(api_format: str, body: dict[str, Any]) -> Any:
+    """Strict validation with the official SDK's own models (stricter than the SDKs' lenient parse)."""
+    from anthropic.types import Message
+    from google.genai.types import GenerateContentResponse
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
+
+    model = {
+        "openai_chat": ChatCompletion,
+        "openai_responses": Response,
+        "anthropic_messages": Message,
+        "gemini": GenerateContentResponse,
+    }[api_format]
+    return model.model_validate(body)  # type: ignore[attr-defined]
+
+
+def validate_stream(api_format: str, raw: bytes) -> list[Any]:
+    """Parse and strictly validate every event of a stream; returns the SDK objects."""
+    import pydantic
+    from anthropic.types import RawMessageStreamEvent
+    from google.genai.types import GenerateContentResponse
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.responses import ResponseStreamEvent
+
+    events = sse_payloads(raw)
+    if api_format == "openai_chat":
+        assert events[-1] == (None, "[DONE]") and all(e is None for e, _ in events)
+        return [ChatCompletionChunk.model_validate(p) for _, p in events[:-1]]
+    assert all(p != "[DONE]" for _, p in events), "only chat streams end with [DONE]"
+    if api_format == "gemini":
+        return [GenerateContentResponse.model_validate(p) for _, p in events]
+    adapter: Any = pydantic.TypeAdapter(
+        RawMessageStreamEvent if api_format == "anthropic_messages" else ResponseStreamEvent
+    )
+    parsed = []
+    for event, payload in events:
+        assert event == payload["type"], "the SSE event name must match the payload type"
+        parsed.append(adapter.validate_python(payload))
+    return parsed
