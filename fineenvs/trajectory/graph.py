@@ -15,7 +15,9 @@ Rules (all on token ids, never on re-rendered text):
   parent; for roots, a root with an identical prompt) with the same tools flag either continued
   (has children) or re-sent the identical prompt. Groups where nobody continued and no prompt was
   re-sent are kept (ambiguous). A childless sibling without tools next to a continuing sibling with
-  tools is a side call (title generator, summariser), not a retry.
+  tools is a side call (title generator, summariser), not a retry. A sibling whose prompt extends
+  the call's whole prompt (a drift break, below) consumed its output, re-rendered: the call was not
+  abandoned, so it is not a retry and keeps its row.
 - **Roles.** A root-to-leaf path is ``discarded`` when its leaf is discarded, ``agent`` when any
   call on it had tools, else ``auxiliary``; when no call in the session had tools (harnesses that
   parse tool calls from text) every live path is ``agent``.
@@ -304,19 +306,22 @@ class TrajectoryGraph:
     def discarded(self) -> set[str]:
         """Retries: see the module docstring for the exact rule."""
         out: set[str] = set()
+        consumed = {(self._index[d.nearly_extends], self._index[d.node_id]) for d in self.drift_breaks()}
         groups: list[list[int]] = [sorted(e.children) for e in self._entries if len(e.children) > 1]
         root_groups: dict[int, list[int]] = {}
         for i, e in enumerate(self._entries):
             if e.parent is None:
                 root_groups.setdefault(id(e.prompt_group), []).append(i)
         for members in groups:
-            self._discard_in(members, out, same_prompt_only=False)
+            self._discard_in(members, out, consumed, same_prompt_only=False)
         for members in root_groups.values():
             if len(members) > 1:
-                self._discard_in(members, out, same_prompt_only=True)
+                self._discard_in(members, out, consumed, same_prompt_only=True)
         return out
 
-    def _discard_in(self, members: list[int], out: set[str], *, same_prompt_only: bool) -> None:
+    def _discard_in(
+        self, members: list[int], out: set[str], consumed: set[tuple[int, int]], *, same_prompt_only: bool
+    ) -> None:
         for n in members:
             en = self._entries[n]
             if en.children:
@@ -324,6 +329,8 @@ class TrajectoryGraph:
             for s in members:
                 es = self._entries[s]
                 if s == n or self._key(s) < self._key(n) or es.header.has_tools != en.header.has_tools:
+                    continue
+                if (n, s) in consumed:
                     continue
                 same_prompt = es.prompt_group is en.prompt_group
                 if same_prompt or (es.children and not same_prompt_only):

@@ -9,7 +9,7 @@ sampling parameters, timings) travels in ``metadata``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # A behaviour logprob above this is not a log-probability (float noise on a certain token can
@@ -39,6 +39,18 @@ class CallNode:
     harness_ids: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     logprobs_aligned: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the format of recorded-session fixtures)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CallNode:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"CallNode.from_dict: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
 
     def order_key(self) -> tuple[int, str]:
         """Deterministic order of calls: arrival first, node id to break equal indices."""

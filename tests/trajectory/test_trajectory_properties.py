@@ -1,0 +1,149 @@
+"""Property tests on random sessions over a tiny alphabet (so accidental prefixes are common)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from traj_factory import end
+
+from fineenvs.bench.tree import all_pairs_parents
+from fineenvs.trajectory import (
+    CallNode,
+    RowOptions,
+    TrajectoryGraph,
+    build_rows,
+    build_session,
+    logprob_problem,
+    session_from_json,
+    session_to_json,
+)
+
+TOK = st.integers(0, 3)
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> list[CallNode]:
+    nodes: list[CallNode] = []
+    for i in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(["root", "extend", "extend", "retry", "drift"]))
+        if not nodes or kind == "root":
+            prompt = draw(st.lists(TOK, min_size=1, max_size=5))
+        else:
+            base = draw(st.sampled_from(nodes))
+            if kind == "extend":
+                prompt = end(base) + draw(st.lists(TOK, max_size=3))
+            elif kind == "retry":
+                prompt = list(base.prompt_ids)
+            else:
+                cut = draw(st.integers(1, len(end(base))))
+                prompt = end(base)[:cut] + draw(st.lists(TOK, min_size=1, max_size=3))
+        sampled = draw(st.lists(TOK, max_size=4))
+        lp_kind = draw(st.sampled_from(["ok", "ok", "ok", "none", "short"]))
+        logprobs = {
+            "ok": [-0.5 - 0.1 * k for k in range(len(sampled))],
+            "none": None,
+            "short": [-0.5] * max(0, len(sampled) - 1),
+        }[lp_kind]
+        nodes.append(
+            CallNode(
+                node_id=f"n{i}",
+                prompt_ids=prompt,
+                sampled_ids=sampled,
+                logprobs=logprobs,
+                finish_reason="stop",
+                has_tools=draw(st.booleans()),
+                arrival_index=draw(st.integers(0, 4)),  # duplicates: node id breaks ties
+            )
+        )
+    return nodes
+
+
+def snapshot(g: TrajectoryGraph) -> dict[str, object]:
+    return {
+        "parents": {n: g.parent(n) for n in g.node_ids()},
+        "discarded": g.discarded(),
+        "drift": g.drift_breaks(),
+        "late": g.late_parents(),
+        "rows": [asdict(r) for r in build_rows(g, RowOptions(drop_discarded=False)).rows],
+    }
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(sessions())
+def test_parents_match_the_all_pairs_reference(nodes: list[CallNode]) -> None:
+    g = TrajectoryGraph(nodes)
+    ref = all_pairs_parents(nodes)
+    assert {n.node_id: g.parent(n.node_id) for n in nodes} == ref
+    for n in nodes:
+        assert g.call(n.node_id) == n
+
+
+@SETTINGS
+@given(sessions(), st.randoms(use_true_random=False))
+def test_graph_is_independent_of_arrival_order(nodes: list[CallNode], rnd: random.Random) -> None:
+    shuffled = list(nodes)
+    rnd.shuffle(shuffled)
+    assert snapshot(TrajectoryGraph(nodes)) == snapshot(TrajectoryGraph(shuffled))
+
+
+@SETTINGS
+@given(sessions())
+def test_rows_are_aligned_and_cover_every_live_sampled_token(nodes: list[CallNode]) -> None:
+    by_id = {n.node_id: n for n in nodes}
+    g = TrajectoryGraph(nodes)
+    rows = build_rows(g, RowOptions(max_tokens=10**6)).rows
+    covered: set[str] = set()
+    for r in rows:
+        n = len(r.input_ids)
+        assert len(r.loss_mask) == len(r.logprobs) == n
+        assert all(lp == 0.0 for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m == 0)
+        assert r.input_ids == end(by_id[r.node_ids[-1]])
+        for nid, a, b in zip(r.node_ids, r.turn_starts, r.turn_ends, strict=True):
+            node = by_id[nid]
+            assert r.input_ids[a:b] == node.sampled_ids
+            if any(r.loss_mask[a:b]):
+                assert r.loss_mask[a:b] == [1] * (b - a) and r.logprobs[a:b] == node.logprobs
+                covered.add(nid)
+    # every sampled token of every non-discarded call with usable logprobs is trained somewhere
+    live = {n.node_id for n in nodes if n.node_id not in g.discarded() and logprob_problem(n) is None}
+    assert live <= covered
+
+
+@SETTINGS
+@given(sessions())
+def test_shared_prefix_policies_count_each_token_as_documented(nodes: list[CallNode]) -> None:
+    g = TrajectoryGraph(nodes)
+    per_row = build_rows(g, RowOptions(shared_prefix="per_row")).rows
+    once = build_rows(g, RowOptions(shared_prefix="once")).rows
+    inv = build_rows(g, RowOptions(shared_prefix="inverse_count")).rows
+
+    def trained(rows: list, weights: bool = False) -> dict[str, float]:  # type: ignore[type-arg]
+        out: dict[str, float] = {}
+        for r in rows:
+            for nid, a, b in zip(r.node_ids, r.turn_starts, r.turn_ends, strict=True):
+                if b > a and r.loss_mask[a]:
+                    w = r.loss_weight[a] if weights else 1.0
+                    out[nid] = out.get(nid, 0.0) + w
+        return out
+
+    counts = trained(per_row)
+    assert set(trained(once)) == set(counts) and all(v == 1.0 for v in trained(once).values())
+    assert {k: round(v, 9) for k, v in trained(inv, weights=True).items()} == {k: 1.0 for k in counts}
+    for r in inv:
+        assert r.loss_weight is not None and len(r.loss_weight) == len(r.input_ids)
+        assert all(w == 0.0 for w, m in zip(r.loss_weight, r.loss_mask, strict=True) if m == 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sessions())
+def test_session_json_round_trips(nodes: list[CallNode]) -> None:
+    res = build_session(nodes, {"harness": "h", "session_id": "s"}, min_calls=1)
+    back = session_from_json(orjson.dumps(session_to_json(res)))
+    assert session_to_json(back) == session_to_json(res)
