@@ -6,7 +6,8 @@ Fixtures:
 - ``tiny_model_dir``: parametrised over every tiny model (``request.param`` / ``tiny_model_name``).
 
 Options: ``--engine-url=http://host:port`` points ``tests/engine/test_contract.py`` at an external
-engine (vLLM) instead of the embedded one; ``--engine-model`` names its served model.
+engine (vLLM) instead of the embedded one (run it with ``-m gpu``); ``--engine-model`` names its
+served model and ``--engine-tokenizer`` where its tokenizer is.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--engine-model",
         default=None,
         help="served model name at --engine-url (default: the first id listed by GET /v1/models)",
+    )
+    group.addoption(
+        "--engine-tokenizer",
+        default=None,
+        help="tokenizer (local dir or cached Hub id) of the model at --engine-url (default: the model id)",
     )
 
 
