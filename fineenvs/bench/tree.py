@@ -115,7 +115,9 @@ def _build_lazy(n_calls: int, max_prompt: int, seed: int) -> tuple[float, Trajec
 
 def run(args: argparse.Namespace) -> None:
     sizes = [n for n in (10, 100, 1000, 10_000, 100_000) if n <= args.max_calls]
-    print(f"trajectory graph benchmark: prompts up to {args.max_prompt} tokens, median of {args.repeats} runs\n")
+    print(
+        f"trajectory graph benchmark: prompts up to {args.max_prompt} tokens, median of {args.repeats} runs\n"
+    )
     print("1. scaling (in-order arrival, lazy session)")
     hdr = f"{'calls':>7} {'unique tok':>11} {'sum prompts':>12} {'held tok':>9} {'held/prompts':>12} "
     print(hdr + f"{'ms total':>9} {'us/call':>8} {'us/1k uniq':>10} {'Mtok/s prompt':>13}")
@@ -152,10 +154,17 @@ def run(args: argparse.Namespace) -> None:
     t_in = _median_time(lambda: TrajectoryGraph(nodes), args.repeats)
     t_sh = _median_time(lambda: TrajectoryGraph(shuffled), args.repeats)
     g_in, g_sh = TrajectoryGraph(nodes), TrajectoryGraph(shuffled)
-    same = all(g_in.parent(k) == g_sh.parent(k) for k in g_in.node_ids()) and g_in.discarded() == g_sh.discarded()
-    print(f"  in-order {t_in * 1e3:.1f} ms, shuffled {t_sh * 1e3:.1f} ms, ratio {t_sh / t_in:.2f}x, same graph: {same}")
+    same = (
+        all(g_in.parent(k) == g_sh.parent(k) for k in g_in.node_ids())
+        and g_in.discarded() == g_sh.discarded()
+    )
+    print(
+        f"  in-order {t_in * 1e3:.1f} ms, shuffled {t_sh * 1e3:.1f} ms, ratio {t_sh / t_in:.2f}x, same graph: {same}"
+    )
     st = g_sh.stats()
-    print(f"  held tokens in-order {g_in.stats().held_tokens:,} vs shuffled {st.held_tokens:,} (unique {st.unique_tokens:,})")
+    print(
+        f"  held tokens in-order {g_in.stats().held_tokens:,} vs shuffled {st.held_tokens:,} (unique {st.unique_tokens:,})"
+    )
 
     print("\n4. row export (every leaf's row, per_row policy, no budget)")
     print(f"{'calls':>7} {'rows':>6} {'row tokens':>12} {'ms':>8} {'ms/1M row tok':>13}")

@@ -49,7 +49,9 @@ class CallNode:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"CallNode.from_dict: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(
+                f"CallNode.from_dict: unknown field(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
         return cls(**data)
 
     def order_key(self) -> tuple[int, str]:
