@@ -163,16 +163,27 @@ def launch_transformers_engine(
     served_model_name: str | None = None,
     seed: int = 0,
     dtype: str = "float32",
+    max_queue: int | None = None,
+    max_model_len: int | None = None,
+    tool_call_parser: str | None = None,
     python: str | None = None,
     timeout_s: float = 180.0,
     grace_s: float = 10.0,
 ) -> EngineLaunch:
-    """The embedded engine (``python -m fineenvs.engine serve``) with its log in ``log_dir``."""
+    """The embedded engine (``python -m fineenvs.engine serve``) with its log in ``log_dir``.
+    ``model`` is a tiny model name or a local HF directory; None options keep the server's defaults."""
     port = port or free_port(host)
     cmd = [python or sys.executable, "-m", "fineenvs.engine", "serve", "--model", model]
     cmd += ["--host", host, "--port", str(port), "--seed", str(seed), "--dtype", dtype]
-    if served_model_name:
-        cmd += ["--served-model-name", served_model_name]
+    optional = {
+        "--served-model-name": served_model_name,
+        "--max-queue": max_queue,
+        "--max-model-len": max_model_len,
+        "--tool-call-parser": tool_call_parser,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            cmd += [flag, str(value)]
     url = f"http://{host}:{port}"
     handle = EngineHandle(
         url=url,
