@@ -135,6 +135,8 @@ def _model_entry(model: str, context_length: int) -> JSON:
         "created_at": "1970-01-01T00:00:00Z",
         "owned_by": "fineenvs",
         "display_name": model,
+        "lifecycle": "active",
+        "max_input_tokens": context_length,
         "max_context_length": context_length,
         "context_length": context_length,
     }
