@@ -135,8 +135,8 @@ def training_subset(
     Rule (ours; the published run's exact selection is not public): rank every task by
     ``sha256(f"{salt}:{task_id}")``; take the first `n_medium` medium and the first `n_hard` hard
     tasks in that ranking; the subset's order is that same ranking. It depends only on the task
-    ids, so every run, machine and loading order gets the same 1,000 tasks in the same order,
-    and adding unrelated tasks to the pool does not reshuffle it.
+    ids (and their tiers), so every run, machine and loading order gets the same 1,000 tasks in
+    the same order; a changed pool changes the subset only where a new task ranks in.
     """
     chosen: list[Task] = []
     for tier, count in (("medium", n_medium), ("hard", n_hard)):

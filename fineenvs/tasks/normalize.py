@@ -80,7 +80,7 @@ def content_lines(text: str) -> list[str]:
 
 def clean_line(line: str) -> str:
     """Strip markdown emphasis, a label prefix, surrounding quotes and trailing punctuation."""
-    line = line.strip().lstrip(">").strip()
+    line = line.strip()
     for marker in ("**", "__"):
         if line.startswith(marker):
             line = line[len(marker) :]
