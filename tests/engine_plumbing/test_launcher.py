@@ -206,3 +206,22 @@ def test_launch_vllm_without_a_vllm_binary_explains_how_to_install(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="engine.python=~/venvs/vllm/bin/python"):
         launch_vllm(VLLMServeArgs(model="m"), tmp_path, check_gpu=lambda: None)
+
+
+def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:
+    python = fake_vllm_venv(tmp_path / "venv")
+    args = VLLMServeArgs(
+        model="LiquidAI/LFM2.5-2.6B", port=0, python=str(python), served_model_name="fake-model"
+    )
+
+    async def main() -> int | None:
+        async with launch_vllm(args, tmp_path / "run", check_gpu=lambda: None, timeout_s=20) as engine:
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(engine.url + "/v1/models")).status_code == 200
+            assert engine.weight_sync is None  # no weight sync asked for: no dev routes either
+            return engine.pid
+
+    pid = asyncio.run(main())
+    assert pid is not None and wait_dead(pid)
+    log = (tmp_path / "run" / "vllm.log").read_text()
+    assert "dev_mode= " in log and "--tool-call-parser lfm2" in log
