@@ -84,6 +84,10 @@ class ProbeReport:
     tool_calling: str = "not_probed"
     """``ok``, ``no_tool_call_emitted``, ``no_tool_calling`` (the engine refuses tools) or ``error``."""
     weight_version: Any = None
+    max_model_len: int | None = None
+    """Context limit listed by ``/v1/models`` (vLLM lists it), for the proxy's budget checks."""
+    visible_reply: bool = False
+    """The plain reply came back as content (or tool calls), not swallowed into a reasoning field."""
     problems: list[str] = field(default_factory=list)
     missing_flags: list[str] = field(default_factory=list)
 
@@ -139,6 +143,18 @@ def _top2_gap(result: dict[str, Any]) -> float | None:
     if len(values) < 2 or not all(math.isfinite(v) for v in values[:2]):
         return None
     return values[0] - values[1]
+
+
+def _check_visible(report: ProbeReport, result: dict[str, Any]) -> None:
+    message = result["choices"][0].get("message") or {}
+    reasoning = str(message.get("reasoning") or message.get("reasoning_content") or "")
+    report.visible_reply = bool(message.get("content") or message.get("tool_calls")) and not reasoning
+    if reasoning:
+        # The published LFM runs hit this: a reasoning parser ate non-thinking replies and tool calls.
+        report.problems.append(
+            f"the reply went into a reasoning field ({len(reasoning)} chars): serve non-thinking models "
+            "without --reasoning-parser"
+        )
 
 
 def _check_tokens(report: ProbeReport, result: dict[str, Any]) -> None:
@@ -249,7 +265,8 @@ def probe_engine(
             listed = http.get(url + "/v1/models")
         except httpx.HTTPError as exc:
             raise EngineProbeError(f"GET {url}/v1/models failed: {exc}. Is the engine running?") from exc
-        served = [str(m["id"]) for m in listed.json().get("data", [])] if listed.status_code == 200 else []
+        entries = listed.json().get("data", []) if listed.status_code == 200 else []
+        served = [str(m["id"]) for m in entries]
         if model is None:
             if len(served) != 1:
                 raise EngineProbeError(f"{url} serves {served or 'no models'}; name the model to probe.")
@@ -257,6 +274,8 @@ def probe_engine(
         report = ProbeReport(url=url, model=model, grade=Grade.tokens, served_models=served)
         if served and model not in served:
             report.problems.append(f"model {model!r} is not listed by /v1/models ({', '.join(served)})")
+        limits = [m.get("max_model_len") for m in entries if m.get("id") == model]
+        report.max_model_len = limits[0] if limits and isinstance(limits[0], int) else None
         main = {
             "model": model,
             "messages": _PROMPT,
@@ -269,7 +288,9 @@ def probe_engine(
             "return_token_ids": True,
             "stream": False,
         }
-        _check_tokens(report, _completion(http, url, main))
+        first = _completion(http, url, main)
+        _check_tokens(report, first)
+        _check_visible(report, first)
         if report.logprobs:
             _check_mode(report, http, model)
         _check_tools(report, http, model)

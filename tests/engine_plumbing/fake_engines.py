@@ -29,6 +29,7 @@ class FakeEngine:
     raw: bool = False
     tools: str = "none"  # none: answers without a call; ok: emits a call; reject: 400
     reject_completions: bool = False
+    reasoning_parser: bool = False  # moves the reply into `reasoning`, as a misconfigured vLLM does
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
@@ -39,7 +40,8 @@ class FakeEngine:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": self.model}]})
+            models = [{"id": self.model, "object": "model", "max_model_len": 4096}]
+            return httpx.Response(200, json={"object": "list", "data": models})
         if request.url.path == "/weight_info":
             return httpx.Response(200, json={"weight_version": 3})
         if request.url.path != "/v1/chat/completions":
@@ -70,6 +72,12 @@ class FakeEngine:
             "message": {"role": "assistant", "content": " ".join(f"w{i}" for i in ids)},
             "finish_reason": "length",
         }
+        if self.reasoning_parser:
+            choice["message"] = {
+                "role": "assistant",
+                "content": None,
+                "reasoning": choice["message"]["content"],
+            }
         if body.get("tools") and self.tools == "ok":
             choice["message"] = {
                 "role": "assistant",

@@ -27,6 +27,7 @@ def test_full_capability_engine_is_graded_tokens() -> None:
     assert report.logprobs_mode == "processed"
     assert report.gap_t1 == pytest.approx(1.5) and report.gap_t2 == pytest.approx(0.75)
     assert report.tool_calling == "no_tool_call_emitted" and report.weight_version == 3
+    assert report.visible_reply and report.max_model_len == 4096 and report.problems == []
     require_training_grade(report)
     main = engine.requests[0]
     assert main["top_logprobs"] == 0 and main["return_token_ids"] is True and main["logprobs"] is True
@@ -78,3 +79,9 @@ def test_tool_calling_is_reported_not_graded() -> None:
 def test_engine_that_cannot_answer_raises() -> None:
     with pytest.raises(EngineProbeError, match="rejected a plain chat completion"):
         probe(FakeEngine(reject_completions=True))
+
+
+def test_reply_swallowed_into_reasoning_is_reported() -> None:
+    report = probe(FakeEngine(reasoning_parser=True))
+    assert not report.visible_reply
+    assert any("--reasoning-parser" in problem for problem in report.problems)
