@@ -225,3 +225,34 @@ def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:
     assert pid is not None and wait_dead(pid)
     log = (tmp_path / "run" / "vllm.log").read_text()
     assert "dev_mode= " in log and "--tool-call-parser lfm2" in log
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from fineenvs.engine.launcher import launched
+port, log = int(sys.argv[1]), Path(sys.argv[2])
+cmd = [sys.executable, {fake!r}, str(port), "serve"]
+with launched(cmd, base_url=f"http://127.0.0.1:{{port}}", log_path=log, timeout_s=20) as proc:
+    print(proc.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_engine_dies_with_its_parent(signal_name: str, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) runs the cleanup; a SIGKILLed parent takes the engine down via PDEATHSIG."""
+    import signal
+    import subprocess
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(fake=FAKE), str(free_port()), str(tmp_path / "e.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    engine_pid = int(parent.stdout.readline())
+    assert alive(engine_pid)
+    parent.send_signal(getattr(signal, signal_name))
+    parent.wait(timeout=20)
+    assert wait_dead(engine_pid, timeout_s=10), f"engine survived its parent's {signal_name}"
