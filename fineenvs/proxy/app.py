@@ -55,6 +55,7 @@ HARNESS_ID_HEADERS = (
     "x-request-id",
     "user-agent",
 )
+UPSTREAM_SHARD_SIZE = 16
 BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
     "Stop here: no further actions will be run."
@@ -100,15 +101,17 @@ def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, 
 class ProxyApp:
     """Request handlers; ``create_proxy_app`` wraps them in a Starlette app."""
 
-    def __init__(self, settings: ProxySettings, upstream: httpx.AsyncClient, store: CallStore) -> None:
+    def __init__(self, settings: ProxySettings, upstream: list[httpx.AsyncClient], store: CallStore) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.upstream_busy = [0] * len(upstream)
         self.store = store
         self.sessions = SessionRegistry(store, settings.max_model_calls)
         self.started = time.time()
         self.inflight = 0
         self.tasks: set[asyncio.Task[Outcome]] = set()
         self.aux_calls = 0
+        self.upstream_slots = asyncio.Semaphore(settings.max_upstream_concurrency)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -228,7 +231,8 @@ class ProxyApp:
             return session
         data = await asyncio.to_thread(self.store.read_session, session.session_id)
         body: dict[str, Any] = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
-        body.update(await asyncio.to_thread(build_trajectory, data["calls"], session.metadata))
+        metadata = {**session.metadata, "session_id": session.session_id}
+        body.update(await asyncio.to_thread(build_trajectory, data["calls"], metadata))
         return json_response(body)
 
     async def delete_session(self, request: Request) -> Response:
@@ -380,7 +384,13 @@ class ProxyApp:
                 seen.append(v)
         try:
             try:
-                result = await call_engine(self.upstream, self.settings, engine_req.body)
+                async with self.upstream_slots:
+                    shard = min(range(len(self.upstream)), key=self.upstream_busy.__getitem__)
+                    self.upstream_busy[shard] += 1
+                    try:
+                        result = await call_engine(self.upstream[shard], self.settings, engine_req.body)
+                    finally:
+                        self.upstream_busy[shard] -= 1
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")
@@ -507,34 +517,26 @@ async def _iter_bytes(events: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
-    """The graph and rows from ``fineenvs.trajectory`` when it is available; else a note."""
-    try:
-        from fineenvs import trajectory
-    except ImportError:  # pragma: no cover - the package exists in the skeleton
-        return {"trajectory": None, "trajectory_note": "fineenvs.trajectory is not importable"}
-    build = getattr(trajectory, "build_session", None)
-    node_cls = getattr(trajectory, "CallNode", None)
-    if build is None or node_cls is None:
-        return {"trajectory": None, "trajectory_note": "fineenvs.trajectory.build_session has not landed yet"}
+    """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
+    from fineenvs.trajectory import CallNode, build_session, session_to_json
+
     nodes = [
-        node_cls(
+        CallNode(
             node_id=c["call_id"],
             prompt_ids=c["prompt_ids"],
             sampled_ids=c["sampled_ids"],
             logprobs=c.get("logprobs"),
             finish_reason=c.get("finish_reason"),
             has_tools=bool(c.get("has_tools")),
-            arrival_index=c.get("index", i),
+            arrival_index=int(c.get("index", i)),
             weight_version=c.get("weight_version"),
-            harness_ids=c.get("harness_ids") or {},
+            harness_ids={k: str(v) for k, v in (c.get("harness_ids") or {}).items()},
             metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
-            logprobs_aligned=bool(c.get("logprobs_aligned")),
+            logprobs_aligned=bool(c.get("logprobs_aligned")) and bool(c["prompt_ids"]),
         )
         for i, c in enumerate(calls)
     ]
-    result = build(nodes, metadata, None)
-    to_dict = getattr(result, "to_dict", None)
-    return {"trajectory": to_dict() if callable(to_dict) else result}
+    return {"trajectory": session_to_json(build_session(nodes, metadata))}
 
 
 def create_proxy_app(
@@ -543,11 +545,22 @@ def create_proxy_app(
     """The proxy as a Starlette app. Pass ``upstream`` to swap the engine transport in tests."""
     settings.validate()
     own_client = upstream is None
-    client = upstream or httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
-        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024),
-    )
-    proxy = ProxyApp(settings, client, store)
+    if upstream is not None:
+        clients = [upstream]
+    else:
+        # Several small pools instead of one big one: httpcore checks every pooled connection
+        # (a poll() syscall each) on every request event, so one pool of 256 connections costs
+        # milliseconds of CPU per call under load; shards of 16 keep that constant.
+        n_shards = max(1, -(-settings.max_upstream_concurrency // UPSTREAM_SHARD_SIZE))
+        per_shard = -(-settings.max_upstream_concurrency // n_shards)
+        clients = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
+                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
+            )
+            for _ in range(n_shards)
+        ]
+    proxy = ProxyApp(settings, clients, store)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -557,7 +570,8 @@ def create_proxy_app(
             if proxy.tasks:
                 await asyncio.gather(*proxy.tasks, return_exceptions=True)
             if own_client:
-                await client.aclose()
+                for client in clients:
+                    await client.aclose()
             await asyncio.to_thread(store.close)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

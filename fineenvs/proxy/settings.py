@@ -56,6 +56,10 @@ class ProxySettings:
     retry_backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
     upstream_timeout_s: float = 600.0
+    # Calls in flight to the engine at once; the rest wait in the proxy. httpx's connection pool
+    # scans every waiting request on each event, so 1,000 requests inside it cost O(n^2) CPU,
+    # and an engine batches a few hundred sequences at most anyway.
+    max_upstream_concurrency: int = 256
     fsync: bool = True
 
     def validate(self) -> None:
@@ -72,6 +76,10 @@ class ProxySettings:
             raise ValueError(f"fineenvs proxy: max_output_tokens={self.max_output_tokens} must be >= 1.")
         if self.max_body_bytes < 1024:
             raise ValueError(f"fineenvs proxy: max_body_bytes={self.max_body_bytes} is below 1 KiB.")
+        if self.max_upstream_concurrency < 1:
+            raise ValueError(
+                f"fineenvs proxy: max_upstream_concurrency={self.max_upstream_concurrency} must be >= 1."
+            )
         if self.retries < 1:
             raise ValueError(f"fineenvs proxy: retries={self.retries} must be >= 1 (1 = no retry).")
 

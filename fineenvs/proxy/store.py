@@ -27,7 +27,6 @@ import re
 import threading
 from array import array
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,10 @@ class _Write:
     path: Path
     data: bytes
     replace: bool
-    future: Future[None]
+    future: asyncio.Future[None]
+
+
+_Batch = tuple[asyncio.AbstractEventLoop, list[_Write]]
 
 
 def _digest_hex(prompt: bytes, n: int) -> str:
@@ -71,12 +73,17 @@ class CallStore:
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._indexes: dict[str, SessionIndex] = {}
-        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._pending: list[_Write] = []
+        self._flush_scheduled = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.bytes_written = 0
 
     # -- writer thread -------------------------------------------------------------------------
+    # Writes queued during one event-loop iteration travel to the thread as one batch, and the
+    # thread resolves a whole batch with one call_soon_threadsafe: per call, the loop pays a list
+    # append, not a lock handoff.
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -86,19 +93,28 @@ class CallStore:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            batch = [item]
+            batches = [self._queue.get()]
             while True:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batches.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(w is None for w in batch)
-            self._commit([w for w in batch if w is not None])
-            if stop:
+            writes = [w for b in batches if b is not None for w in b[1]]
+            results = self._commit(writes)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Write, BaseException | None]]] = {}
+            for b in batches:
+                if b is not None:
+                    by_loop.setdefault(b[0], []).extend((w, results.get(id(w))) for w in b[1])
+            for loop, done in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_resolve, done)
+                except RuntimeError:
+                    pass  # the loop is closed: nobody waits for these any more
+            if any(b is None for b in batches):
                 return
 
-    def _commit(self, batch: list[_Write]) -> None:
+    def _commit(self, batch: list[_Write]) -> dict[int, BaseException]:
+        failed: dict[int, BaseException] = {}
         appends: dict[Path, list[_Write]] = {}
         for w in batch:
             if w.replace:
@@ -110,9 +126,8 @@ class CallStore:
                         if self.fsync:
                             os.fsync(fh.fileno())
                     os.replace(tmp, w.path)
-                    w.future.set_result(None)
                 except OSError as exc:
-                    w.future.set_exception(exc)
+                    failed[id(w)] = exc
             else:
                 appends.setdefault(w.path, []).append(w)
         for path, writes in appends.items():
@@ -123,20 +138,27 @@ class CallStore:
                     if self.fsync:
                         os.fsync(fh.fileno())
                 self.bytes_written += sum(len(w.data) for w in writes)
-                for w in writes:
-                    w.future.set_result(None)
             except OSError as exc:
                 for w in writes:
-                    w.future.set_exception(exc)
+                    failed[id(w)] = exc
+        return failed
 
-    def _submit(self, path: Path, data: bytes, *, replace: bool = False) -> Future[None]:
-        self._ensure_thread()
-        fut: Future[None] = Future()
-        self._queue.put(_Write(path, data, replace, fut))
-        return fut
+    def _flush_pending(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        if pending:
+            self._ensure_thread()
+            self._queue.put((asyncio.get_running_loop(), pending))
 
     async def _write(self, path: Path, data: bytes, *, replace: bool = False) -> None:
-        await asyncio.wrap_future(self._submit(path, data, replace=replace))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._pending.append(_Write(path, data, replace, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_pending)
+        # Shielded: a cancelled caller must not leave the write half-acknowledged.
+        await asyncio.shield(fut)
 
     def close(self) -> None:
         """Flush everything queued and stop the writer thread."""
@@ -340,3 +362,13 @@ class CallStore:
                     req["tools"] = tools_by_digest.get(req["tools_digest"])
                 calls.append(rec)
         return {"meta": meta, "calls": calls, "events": events}
+
+
+def _resolve(done: list[tuple[_Write, BaseException | None]]) -> None:
+    for w, exc in done:
+        if w.future.done():
+            continue
+        if exc is None:
+            w.future.set_result(None)
+        else:
+            w.future.set_exception(exc)

@@ -184,6 +184,11 @@ def test_store_reopen_rebuilds_delta_index_and_accepts_old_keys(make_proxy: Any,
     raw = (h2.store.session_dir(s["session_id"]) / "calls.jsonl").read_bytes().splitlines()
     assert orjson.loads(raw[1])["prompt"]["parent"] == "c00000"
     assert calls[1]["prompt_ids"] == h2.engine.prompt_ids(h2.engine.requests[-1]["messages"])
+    # The trajectory graph links the second call under the first across the restart.
+    graph_calls = {c["node_id"]: c for c in rollout["trajectory"]["calls"]}
+    assert graph_calls["c00001"]["parent_id"] == "c00000"
+    assert graph_calls["c00001"]["sampled_ids"] == calls[1]["sampled_ids"]
+    assert rollout["trajectory"]["metadata"]["session_id"] == s["session_id"]
 
 
 def test_secrets_never_reach_the_store(make_proxy: Any, tmp_path: Any) -> None:

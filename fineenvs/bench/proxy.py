@@ -1,0 +1,642 @@
+"""``python -m fineenvs.bench proxy`` (or ``python -m fineenvs.bench.proxy``): the capture proxy's costs.
+
+One run, loopback only, bounded in count and time, against an instant engine stand-in (a raw
+asyncio HTTP server in its own process that answers every chat completion with a canned,
+vLLM-shaped reply whose ``prompt_token_ids`` derive from the request bytes, so prompts grow and
+share prefixes like a real agent's). The proxy runs as its real command
+(``python -m fineenvs.proxy serve``) in its own process; the load generator is a minimal raw
+HTTP/1.1 client so that it costs little CPU next to what it measures.
+
+Figures:
+- latency p50/p99, direct to the stand-in vs through the proxy, for small chat requests and for
+  ~200 KB Claude-Code-shaped Anthropic requests (17-call attempts that grow turn by turn);
+- proxy CPU milliseconds per call (utime + stime of the proxy process, /proc) for both sizes;
+- capacity: N concurrent sessions (1,000 by default) each making K calls on its own connection, with
+  ``/health`` polled throughout: calls completed, errors, ``/health`` p99, throughput vs direct;
+- memory: peak RSS of the proxy while 320 sessions send 200 KB requests at once;
+- record bytes per 17-call attempt on disk vs storing every prompt and request in full.
+
+Median of ``--repeats`` runs where a figure is a latency; the bars the issue sets are printed next
+to each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+HOST = "127.0.0.1"
+SAMPLED = list(range(1000, 1020))
+VOCAB = 151_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Instant engine stand-in (runs in its own process: ``python -m fineenvs.bench.proxy standin``)
+
+
+def _standin_reply(body: bytes) -> bytes:
+    import numpy as np
+
+    usable = len(body) // 4 * 4
+    ids = np.frombuffer(body[:usable], dtype="<u4") % VOCAB
+    head = {
+        "id": "chatcmpl-standin",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "standin",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Done: the files are listed."},
+                "finish_reason": "stop",
+                "token_ids": SAMPLED,
+                "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25} for t in SAMPLED]},
+            }
+        ],
+        "usage": {"prompt_tokens": int(ids.size), "completion_tokens": len(SAMPLED), "total_tokens": 0},
+        "weight_version": 0,
+    }
+    return (
+        orjson.dumps(head)[:-1]
+        + b',"prompt_token_ids":'
+        + orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
+        + b"}"
+    )
+
+
+async def _standin_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            body = await reader.readexactly(length) if length else b""
+            path = head.split(b" ", 2)[1]
+            reply = _standin_reply(body) if path.startswith(b"/v1/chat/completions") else b'{"status":"ok"}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % len(reply)
+                + reply
+            )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
+
+
+def run_standin(port: int) -> None:
+    async def serve() -> None:
+        server = await asyncio.start_server(_standin_conn, HOST, port, backlog=4096, limit=1 << 20)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw HTTP/1.1 keep-alive client
+
+
+class RawConn:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(HOST, self.port, limit=1 << 22)
+        assert self.reader is not None
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.writer.write(
+            f"{method} {path} HTTP/1.1\r\nhost: {HOST}:{self.port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{extra}\r\n".encode()
+            + body
+        )
+        await self.writer.drain()
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length, chunked = None, False
+        for line in head.split(b"\r\n")[1:]:
+            low = line.lower()
+            if low.startswith(b"content-length:"):
+                length = int(line[15:])
+            elif low.startswith(b"transfer-encoding:") and b"chunked" in low:
+                chunked = True
+        if chunked:
+            parts = []
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
+                parts.append(await self.reader.readexactly(size + 2))
+                if size == 0:
+                    break
+            return status, b"".join(p[:-2] for p in parts)
+        return status, await self.reader.readexactly(length or 0)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+def small_chat(i: int) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": f"List the files, please ({i})."}]}
+
+
+def claude_code_request(turns: int, *, target_bytes: int = 200_000) -> dict[str, Any]:
+    """An Anthropic Messages body shaped like Claude Code's: big system blocks, ~20 tools, tool history."""
+    words = "the quick brown fox jumps over the lazy dog while the agent reads files and edits code "
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=00000;"},
+        {
+            "type": "text",
+            "text": "You are Claude Code. " + words * 300,
+            "cache_control": {"type": "ephemeral"},
+        },
+    ]
+    tools = [
+        {
+            "name": f"tool_{t}",
+            "description": (f"Tool number {t}. " + words * 12),
+            "input_schema": {
+                "type": "object",
+                "properties": {f"arg{a}": {"type": "string", "description": words[:60]} for a in range(8)},
+                "required": ["arg0"],
+            },
+        }
+        for t in range(20)
+    ]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Fix the failing test in the repo. " + words * 20}
+    ]
+    body = {
+        "model": "claude-opus-4-8",
+        "max_tokens": 32000,
+        "system": system,
+        "tools": tools,
+        "messages": messages,
+    }
+    filler = 0
+    while len(orjson.dumps(body)) < target_bytes:
+        messages += _turn(filler, words * 40)
+        filler += 1
+    for t in range(turns):
+        messages += _turn(10_000 + t, words * 10)
+    return body
+
+
+def _turn(n: int, output: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": f"toolu_{n}", "name": "tool_1", "input": {"arg0": f"ls {n}"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": f"{n}: {output}"}],
+        },
+    ]
+
+
+def as_engine_body(anthropic_body: dict[str, Any]) -> dict[str, Any]:
+    """What the proxy would send upstream for ``anthropic_body`` (the direct baseline's request)."""
+    from fineenvs.dialects import DIALECTS
+
+    canonical = DIALECTS["anthropic_messages"].to_canonical(anthropic_body, path="/v1/messages", query={})
+    return {**canonical.body, "model": "standin", "stream": False, "logprobs": True, "top_logprobs": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes and measurement helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def wait_http(port: int, path: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = RawConn(port)
+        try:
+            status, _ = await conn.request("GET", path)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing answered on 127.0.0.1:{port}{path} within {timeout} s")
+        await asyncio.sleep(0.1)
+
+
+@dataclass
+class Stack:
+    standin_port: int
+    proxy_port: int
+    store_dir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def proxy_pid(self) -> int:
+        return self.procs[1].pid
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def start_stack(store_dir: Path, *, fsync: bool) -> Stack:
+    stack = Stack(free_port(), free_port(), store_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    stack.procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "fineenvs.bench.proxy", "standin", "--port", str(stack.standin_port)],
+            env=env,
+        )
+    )
+    cmd = [
+        sys.executable, "-m", "fineenvs.proxy", "serve",
+        "--engine-url", f"http://{HOST}:{stack.standin_port}", "--served-model", "standin",
+        "--port", str(stack.proxy_port), "--store-dir", str(store_dir), "--max-model-calls", "1000000",
+        "--keepalive-seconds", "30",
+    ]  # fmt: skip
+    if not fsync:
+        cmd.append("--no-fsync")
+    stack.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+    await wait_http(stack.standin_port, "/health")
+    await wait_http(stack.proxy_port, "/health")
+    return stack
+
+
+async def new_session(port: int) -> str:
+    conn = RawConn(port)
+    try:
+        status, body = await conn.request("POST", "/sessions", b"{}")
+    finally:
+        conn.close()
+    if status != 201:
+        raise RuntimeError(f"POST /sessions answered {status}: {body[:200]!r}")
+    return str(orjson.loads(body)["key"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+
+
+async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
+    """Sequential calls (one in flight): direct vs proxy latency, and proxy CPU per call."""
+    out: dict[str, Any] = {}
+    direct, proxied = RawConn(stack.standin_port), RawConn(stack.proxy_port)
+    key = await new_session(stack.proxy_port)
+    small = [orjson.dumps(small_chat(i)) for i in range(n_small)]
+    for body in small[:10]:  # warm both paths
+        await direct.request("POST", "/v1/chat/completions", body)
+        await proxied.request("POST", f"/s/{key}/v1/chat/completions", body)
+
+    async def timed(
+        conn: RawConn, path: str, bodies: list[bytes], headers: dict[str, str] | None = None
+    ) -> list[float]:
+        times = []
+        for body in bodies:
+            t0 = time.perf_counter()
+            status, reply = await conn.request("POST", path, body, headers)
+            times.append((time.perf_counter() - t0) * 1000)
+            if status != 200:
+                raise RuntimeError(f"{path} answered {status}: {reply[:300]!r}")
+        return times
+
+    d_small = await timed(direct, "/v1/chat/completions", small)
+    c0 = cpu_seconds(stack.proxy_pid)
+    p_small = await timed(proxied, f"/s/{key}/v1/chat/completions", small)
+    cpu_small = (cpu_seconds(stack.proxy_pid) - c0) * 1000 / len(small)
+    out["small"] = {"direct": d_small, "proxy": p_small, "cpu_ms": cpu_small, "bytes": len(small[0])}
+
+    anthropic = [[orjson.dumps(claude_code_request(t)) for t in range(17)] for _ in range(attempts)]
+    engine = [orjson.dumps(as_engine_body(claude_code_request(t))) for t in range(17)]
+    d_large = await timed(direct, "/v1/chat/completions", engine)
+    p_large: list[float] = []
+    cpu_large: list[float] = []
+    sessions = []
+    for bodies in anthropic:
+        akey = await new_session(stack.proxy_port)
+        sessions.append(akey)
+        c0 = cpu_seconds(stack.proxy_pid)
+        p_large += await timed(proxied, f"/s/{akey}/v1/messages", bodies, {"anthropic-version": "2023-06-01"})
+        cpu_large.append((cpu_seconds(stack.proxy_pid) - c0) * 1000 / len(bodies))
+    out["large"] = {
+        "direct": d_large,
+        "proxy": p_large,
+        "cpu_ms": statistics.median(cpu_large),
+        "bytes": statistics.mean(len(b) for b in anthropic[0]),
+    }
+    direct.close()
+    proxied.close()
+    out["record"] = record_sizes(stack.store_dir)
+    return out
+
+
+def record_sizes(store_dir: Path) -> dict[str, float]:
+    """Bytes on disk per 17-call attempt vs the same records with every prompt/request stored in full."""
+    from fineenvs.proxy.store import CallStore
+
+    store = CallStore(store_dir)
+    stored, full = [], []
+    for log in sorted(store.sessions_dir.glob("*/calls.jsonl")):
+        data = store.read_session(log.parent.name)
+        calls = data["calls"]
+        if len(calls) != 17:
+            continue
+        stored.append(log.stat().st_size)
+        full.append(sum(len(orjson.dumps(c)) + 1 for c in calls))
+    store.close()
+    if not stored:
+        return {"stored_bytes": float("nan"), "full_bytes": float("nan"), "ratio": float("nan")}
+    s, f = statistics.median(stored), statistics.median(full)
+    return {"stored_bytes": s, "full_bytes": f, "ratio": f / s}
+
+
+async def health_poller(port: int, stop: asyncio.Event, interval: float = 0.05) -> list[float]:
+    conn = RawConn(port)
+    times: list[float] = []
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        status, _ = await conn.request("GET", "/health")
+        times.append((time.perf_counter() - t0) * 1000 if status == 200 else float("inf"))
+        await asyncio.sleep(interval)
+    conn.close()
+    return times
+
+
+async def concurrent_load(
+    port: int,
+    n_sessions: int,
+    calls_each: int,
+    make_call: Callable[[int, int], tuple[str, bytes, dict[str, str]]],
+    *,
+    on_tick: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """``n_sessions`` clients, each on its own connection, each making ``calls_each`` calls."""
+    errors: list[str] = []
+    done = 0
+    start_gate = asyncio.Event()
+
+    async def client(i: int) -> None:
+        nonlocal done
+        conn = RawConn(port)
+        try:
+            await start_gate.wait()
+            for k in range(calls_each):
+                path, body, headers = make_call(i, k)
+                try:
+                    status, reply = await conn.request("POST", path, body, headers)
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    conn.close()
+                    continue
+                if status != 200:
+                    errors.append(f"HTTP {status}: {reply[:200]!r}")
+                else:
+                    done += 1
+        finally:
+            conn.close()
+
+    tasks = [asyncio.create_task(client(i)) for i in range(n_sessions)]
+    await asyncio.sleep(0.2)
+    t0 = time.perf_counter()
+    start_gate.set()
+    ticker = None
+    if on_tick is not None:
+
+        async def tick() -> None:
+            while True:
+                on_tick()
+                await asyncio.sleep(0.02)
+
+        ticker = asyncio.create_task(tick())
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    if ticker is not None:
+        ticker.cancel()
+    return {"done": done, "errors": errors, "wall_s": wall, "throughput": done / wall}
+
+
+async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
+    keys = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
+    bodies = [orjson.dumps(small_chat(i)) for i in range(n_sessions)]
+    direct = await concurrent_load(
+        stack.standin_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
+    )
+    stop = asyncio.Event()
+    poller = asyncio.create_task(health_poller(stack.proxy_port, stop))
+    c0 = cpu_seconds(stack.proxy_pid)
+    proxied = await concurrent_load(
+        stack.proxy_port,
+        n_sessions,
+        calls_each,
+        lambda i, k: (f"/s/{keys[i]}/v1/chat/completions", bodies[i], {}),
+    )
+    cpu = (cpu_seconds(stack.proxy_pid) - c0) * 1000 / max(1, proxied["done"])
+    stop.set()
+    health = await poller
+    return {
+        "direct": direct,
+        "proxy": proxied,
+        "health_ms": health,
+        "cpu_ms": cpu,
+        "expected": n_sessions * calls_each,
+    }
+
+
+async def memory(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
+    keys = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
+    bodies = [orjson.dumps(claude_code_request(k)) for k in range(calls_each)]
+    headers = {"anthropic-version": "2023-06-01"}
+    before = rss_mb(stack.proxy_pid)
+    peak = [before]
+    result = await concurrent_load(
+        stack.proxy_port,
+        n_sessions,
+        calls_each,
+        lambda i, k: (f"/s/{keys[i]}/v1/messages", bodies[k], headers),
+        on_tick=lambda: peak.append(rss_mb(stack.proxy_pid)),
+    )
+    return {**result, "rss_before_mb": before, "rss_peak_mb": max(peak), "expected": n_sessions * calls_each}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _fmt(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5):7.2f} ms  p99 {pct(values, 0.99):7.2f} ms"
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="fineenvs-bench-proxy-") as tmp:
+        stack = await start_stack(Path(tmp) / "store", fsync=not args.no_fsync)
+        try:
+            phases = set(args.phases.split(","))
+            if "latency" in phases:
+                results["latency"] = [
+                    await latency(stack, args.small_calls, args.attempts) for _ in range(args.repeats)
+                ]
+            if "capacity" in phases:
+                results["capacity"] = await capacity(stack, args.sessions, args.calls_each)
+            if "memory" in phases:
+                results["memory"] = await memory(stack, args.memory_sessions, args.memory_calls)
+        finally:
+            stack.stop()
+    return results
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    lines = [
+        f"fineenvs proxy benchmark ({'full' if args.full else 'quick'} mode, fsync {'off' if args.no_fsync else 'on'})"
+    ]
+    runs = results.get("latency", [])
+    for size in ("small", "large") if runs else ():
+        d = [statistics.median([pct(r[size]["direct"], q) for r in runs]) for q in (0.5, 0.99)]
+        p = [statistics.median([pct(r[size]["proxy"], q) for r in runs]) for q in (0.5, 0.99)]
+        cpu = statistics.median([r[size]["cpu_ms"] for r in runs])
+        bar = 1.0 if size == "small" else 4.0
+        kb = statistics.median([r[size]["bytes"] for r in runs]) / 1000
+        lines.append(
+            f"latency {size:5s} ({kb:6.1f} KB)  direct p50 {d[0]:6.2f} p99 {d[1]:6.2f} ms | "
+            f"proxy p50 {p[0]:6.2f} p99 {p[1]:6.2f} ms | added p50 {p[0] - d[0]:6.2f} ms"
+        )
+        lines.append(
+            f"proxy CPU per {size} call: {cpu:.2f} ms (bar <= {bar:.0f} ms) {'OK' if cpu <= bar else 'OVER'}"
+        )
+    if runs:
+        rec = runs[-1]["record"]
+        lines.append(
+            f"records per 17-call attempt: {rec['stored_bytes'] / 1e6:.2f} MB on disk vs "
+            f"{rec['full_bytes'] / 1e6:.2f} MB with full prompts+requests ({rec['ratio']:.1f}x smaller)"
+        )
+    cap = results.get("capacity")
+    if cap is None:
+        return lines + _memory_lines(results, args)
+    ratio = cap["proxy"]["throughput"] / cap["direct"]["throughput"]
+    h99 = pct(cap["health_ms"], 0.99)
+    ok = cap["proxy"]["done"] == cap["expected"] and not cap["proxy"]["errors"]
+    lines.append(
+        f"capacity {args.sessions} sessions x {args.calls_each} calls: {cap['proxy']['done']}/{cap['expected']} done, "
+        f"{len(cap['proxy']['errors'])} errors {'OK' if ok else 'FAIL'}; direct {cap['direct']['throughput']:.0f} calls/s, "
+        f"proxy {cap['proxy']['throughput']:.0f} calls/s (ratio {ratio:.2f}, bar >= 0.70 {'OK' if ratio >= 0.7 else 'UNDER'}); "
+        f"CPU {cap['cpu_ms']:.2f} ms/call"
+    )
+    lines.append(
+        f"/health under load: {len(cap['health_ms'])} polls, p50 {pct(cap['health_ms'], 0.5):.1f} ms, "
+        f"p99 {h99:.1f} ms (bar < 100 ms) {'OK' if h99 < 100 else 'OVER'}"
+    )
+    if cap["proxy"]["errors"]:
+        lines.append(f"  first error: {cap['proxy']['errors'][0]}")
+    return lines + _memory_lines(results, args)
+
+
+def _memory_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    mem = results.get("memory")
+    if mem is None:
+        return []
+    lines = []
+    lines.append(
+        f"memory {args.memory_sessions} sessions x {args.memory_calls} x 200 KB: {mem['done']}/{mem['expected']} done, "
+        f"{len(mem['errors'])} errors; proxy RSS {mem['rss_before_mb']:.0f} MB -> peak {mem['rss_peak_mb']:.0f} MB "
+        f"(bar < 500 MB) {'OK' if mem['rss_peak_mb'] < 500 else 'OVER'}; {mem['throughput']:.0f} calls/s"
+    )
+    if mem["errors"]:
+        lines.append(f"  first error: {mem['errors'][0]}")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fineenvs.bench proxy", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="more calls per phase (several minutes)")
+    parser.add_argument("--no-fsync", action="store_true", help="run the proxy without fsync")
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--memory-sessions", type=int, default=320)
+    parser.add_argument(
+        "--phases",
+        default="latency,capacity,memory",
+        help="comma-separated subset of latency,capacity,memory",
+    )
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["standin"]:
+        run_standin(int(argv[argv.index("--port") + 1]))
+        return 0
+    args = build_parser().parse_args(argv)
+    args.small_calls, args.attempts, args.repeats = (500, 3, 3) if args.full else (150, 1, 3)
+    args.calls_each, args.memory_calls = (5, 3) if args.full else (2, 2)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    results = asyncio.run(run(args))
+    lines = report(results, args)
+    print("\n".join(lines), flush=True)
+    if args.json:
+        args.json.write_bytes(orjson.dumps({"lines": lines, "results": results}, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

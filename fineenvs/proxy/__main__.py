@@ -1,0 +1,102 @@
+"""``python -m fineenvs.proxy serve --engine-url URL --served-model NAME [...]``: the proxy on its own.
+
+Put it in front of any OpenAI-compatible engine that returns ``prompt_token_ids``, ``token_ids``
+and per-token logprobs (vLLM with ``--return-tokens-as-token-ids``, or ``fineenvs.engine``), then
+create sessions with ``POST /sessions`` and point agents at the returned ``base_url``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fineenvs.proxy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the capture proxy (uvicorn)")
+    serve.add_argument("--engine-url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    serve.add_argument("--served-model", required=True, help="model id the engine serves")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs an admin key)")
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument(
+        "--admin-key",
+        default=os.environ.get("FINEENVS_ADMIN_KEY"),
+        help="key for the control routes (default $FINEENVS_ADMIN_KEY); required off loopback",
+    )
+    serve.add_argument("--store-dir", type=Path, default=Path("outputs/proxy_store"))
+    serve.add_argument("--max-model-calls", type=int, default=17, help="per-session model-call budget")
+    serve.add_argument("--max-output-tokens", type=int, default=4096, help="cap on max_tokens per call")
+    serve.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature enforced upstream"
+    )
+    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    serve.add_argument("--keepalive-seconds", type=float, default=5.0)
+    serve.add_argument("--max-upstream-concurrency", type=int, default=256, help="engine calls in flight")
+    serve.add_argument("--retries", type=int, default=3, help="attempts per call on 408/409/429/5xx")
+    serve.add_argument(
+        "--no-fsync", action="store_true", help="flush records without fsync (faster, less safe)"
+    )
+    serve.add_argument("--log-level", default="warning")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    return ProxySettings(
+        upstream_url=args.engine_url,
+        served_model=args.served_model,
+        host=args.host,
+        port=args.port,
+        admin_key=args.admin_key or None,
+        store_dir=args.store_dir,
+        max_model_calls=args.max_model_calls,
+        max_output_tokens=args.max_output_tokens,
+        sampling=SamplingPolicy(temperature=args.temperature),
+        max_body_bytes=args.max_body_bytes,
+        keepalive_seconds=args.keepalive_seconds,
+        retries=args.retries,
+        max_upstream_concurrency=args.max_upstream_concurrency,
+        fsync=not args.no_fsync,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from fineenvs.proxy.app import create_proxy_app
+    from fineenvs.proxy.store import CallStore
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = CallStore(settings.store_dir, fsync=settings.fsync)
+    app = create_proxy_app(settings, store=store)
+    print(
+        f"fineenvs proxy on http://{settings.host}:{settings.port} -> {settings.upstream_url} "
+        f"(model {settings.served_model}, store {settings.store_dir})",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
