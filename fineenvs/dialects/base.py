@@ -4,6 +4,15 @@ The proxy is hub and spoke: each agent-facing format converts its request into o
 OpenAI Chat Completions request (what the engine speaks), and converts the engine's finished chat
 completion back into its own response body or its own SSE event sequence. Modules are pure
 functions over dicts: no I/O, no clocks, no randomness (ids derive from the content).
+
+What is covered: the request side (``to_canonical``), the reply side for a finished engine
+completion (``from_chat_completion``, ``stream_events``), the format's error bodies, the proxy's own
+stop replies and stream keep-alives. What is not covered: HTTP, sessions, sampling policy and the
+engine call (``fineenvs.proxy``); a module never sees token ids except to leave them out of replies.
+
+Canonical conventions: assistant history carries prior reasoning as ``reasoning_content`` (the
+proxy renames it for the engine if needed); tool arguments are JSON strings; text-only content is a
+string (parts joined with a newline); images stay ``image_url`` parts.
 """
 
 from __future__ import annotations
