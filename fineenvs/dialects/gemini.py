@@ -18,7 +18,7 @@ What is covered:
   NONE; ``generationConfig`` temperature, topP, topK, maxOutputTokens, stopSequences, seed,
   penalties, JSON output (``responseMimeType`` + ``responseJsonSchema`` / ``responseSchema``),
   ``candidateCount`` > 1 refused; camelCase and snake_case keys;
-- replies: thought part, text part, ``functionCall`` parts (with position-derived ids), a synthetic
+- replies: thought part (only with ``thinkingConfig.includeThoughts``), text part, ``functionCall`` parts (with position-derived ids), a synthetic
   ``thoughtSignature`` (base64 of ``fe:`` + reasoning), ``usageMetadata`` without nulls; streams as
   ``data:`` chunks (``alt=sse``) or as one JSON array (no ``alt``), finishReason on the last chunk.
 
@@ -374,7 +374,8 @@ class Gemini:
         reply = read_completion(completion)
         c = request.state.get("next_content", 0)
         groups: list[list[JSON]] = []
-        if reply.reasoning:
+        if reply.reasoning and request.state.get("include_thoughts"):
+            # Like Gemini, thought parts only when asked; the signature below carries them anyway.
             groups.append([{"text": reply.reasoning, "thought": True}])
         if reply.content:
             groups.append([{"text": reply.content}])

@@ -354,3 +354,26 @@ def test_bad_input_is_a_clear_400(api_format: str, body: Any, fragment: str) -> 
     message = str(err.value)
     assert fragment in message, message
     assert message.count(". ") >= 1 and ": " in message  # what: why. fix
+
+
+def test_gemini_thought_parts_only_when_asked() -> None:
+    dialect = DIALECTS["gemini"]
+    path = "/v1beta/models/g:generateContent"
+    plain = dialect.to_canonical({"contents": [{"parts": [{"text": "hi"}]}]}, path=path, query={})
+    parts = dialect.from_chat_completion(completion(), plain, model=SERVED)["candidates"][0]["content"][
+        "parts"
+    ]
+    assert [p.get("thought", False) for p in parts] == [False]
+    assert parts[0]["text"] == "Hello from the engine." and parts[0]["thoughtSignature"]
+    asked = dialect.to_canonical(
+        {
+            "contents": [{"parts": [{"text": "hi"}]}],
+            "generationConfig": {"thinkingConfig": {"includeThoughts": True}},
+        },
+        path=path,
+        query={},
+    )
+    parts = dialect.from_chat_completion(completion(), asked, model=SERVED)["candidates"][0]["content"][
+        "parts"
+    ]
+    assert [p.get("thought", False) for p in parts] == [True, False]

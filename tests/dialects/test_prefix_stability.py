@@ -207,9 +207,10 @@ def test_responses_prefix_stable_codex_items_and_namespace() -> None:
 
 
 @pytest.mark.parametrize(
-    ("keep_thoughts", "keep_ids"), [(True, True), (False, True), (True, False), (False, False)]
+    ("keep_thoughts", "keep_ids", "include_thoughts"),
+    [(True, True, True), (False, True, True), (True, False, True), (False, False, True), (True, True, False)],
 )
-def test_gemini_prefix_stable(keep_thoughts: bool, keep_ids: bool) -> None:
+def test_gemini_prefix_stable(keep_thoughts: bool, keep_ids: bool, include_thoughts: bool) -> None:
     def append(body: dict[str, Any], reply: dict[str, Any], turn: int) -> None:
         parts = [
             p for p in reply["candidates"][0]["content"]["parts"] if keep_thoughts or not p.get("thought")
@@ -245,6 +246,7 @@ def test_gemini_prefix_stable(keep_thoughts: bool, keep_ids: bool) -> None:
         {
             "contents": [{"role": "user", "parts": [{"text": "go"}]}],
             "systemInstruction": {"parts": [{"text": "gemini"}]},
+            "generationConfig": {"thinkingConfig": {"includeThoughts": include_thoughts}},
             "tools": [
                 {"functionDeclarations": [{"name": "run_shell_command", "parametersJsonSchema": SCHEMA}]}
             ],
