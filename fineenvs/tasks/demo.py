@@ -266,7 +266,9 @@ def ensure_demo(seed: int = DEMO_SEED, root: Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         generate_demo(staging / "set", seed)
-        if target.exists():  # a half-written set from an older, interrupted layout
+        if (target / MANIFEST).is_file():  # another process finished first: use its copy
+            return target
+        if target.exists():  # no manifest: an incomplete copy (e.g. made by hand), replace it
             shutil.rmtree(target, ignore_errors=True)
         try:
             os.rename(staging / "set", target)

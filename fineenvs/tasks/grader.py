@@ -14,7 +14,9 @@ How free text is read (see `normalize.py` for the details):
 * Adversarial rules: several different numbers in the answer span make a numeric answer ambiguous
   (0.0, "42 or 43"); a gold answer buried further along a long text is not searched for (0.0); a
   yes/no answer that also contains the opposite word is a hedge (0.0); list answers must have the
-  same number of items as the gold list, so padding a list with candidates fails.
+  same number of items as the gold list, so padding a list with candidates fails. Items are split
+  on ";" when present, else "|", else ","; one item per line also works. Numbers inside a comma
+  list must therefore be written without thousands separators.
 * Percentages: a gold percentage ("12.5%", or answer type "percentage") accepts "12.5%", "12.5" and
   the fraction "0.125"; a plain numeric gold accepts "12.5%" as 12.5 or 0.125.
 * Numbers match when ``|pred - gold| <= max(atol, rtol * |gold|)``; match mode "exact" forces zero
@@ -109,7 +111,8 @@ def _grade(prediction: str, hidden: HiddenAnswer) -> Grade:
     if gold_number is not None:
         return _grade_number(span, gold_number, hidden)
 
-    if mode != "exact":
+    # A plain word label ("E", "I") must not be read as a constant (Euler's number, the imaginary unit).
+    if mode != "exact" and (kind != "label" or re.search(r"[0-9*/^+]", gold)):
         for candidate in candidates:
             if equivalent(candidate, gold, atol=hidden.atol, rtol=hidden.rtol):
                 return Grade(1.0, f"symbolically equivalent: {candidate!r}", "symbolic")
@@ -140,7 +143,9 @@ def _grade_number(span: str, gold: nz.ParsedNumber, hidden: HiddenAnswer) -> Gra
         return Grade(1.0, f"percent match: fraction {pred.value:.10g} = {gold.value:.10g}%", "percent")
     if not exact and pred.percent and not gold_is_percent and close(pred.value / 100):
         return Grade(1.0, f"percent match: {pred.value:.10g}% = {gold.value:.10g}", "percent")
-    if not exact and equivalent(span, f"{gold.value!r}", atol=atol, rtol=rtol):
+    # Only an expression ("sqrt(2)", "pi/2") can still be right; a plain number was read correctly.
+    symbolic = re.search(r"[A-Za-z(*^/]", span) is not None
+    if not exact and symbolic and equivalent(span, f"{gold.value!r}", atol=atol, rtol=rtol):
         return Grade(1.0, f"symbolically equivalent: {span!r}", "symbolic")
     return Grade(
         0.0, f"numeric mismatch: {pred.value:.10g} vs gold {gold.value:.10g} ({tolerance})", "numeric"
@@ -162,6 +167,8 @@ def _grade_list(text: str, hidden: HiddenAnswer) -> Grade:
     gold = nz.split_list(hidden.gold, multiline=True)
     if len(pred) > MAX_LIST_ITEMS:
         return Grade(0.0, f"list has {len(pred)} items, more than the {MAX_LIST_ITEMS} read", "list")
+    if len(pred) == 1 and len(gold) > 1 and not any(" and " in g.casefold() for g in gold):
+        pred = [p for p in re.split(r"\s+and\s+", pred[0], flags=re.IGNORECASE) if p]  # "A and B"
     if len(pred) != len(gold):
         return Grade(0.0, f"list has {len(pred)} items, expected {len(gold)}", "list")
 

@@ -49,7 +49,8 @@ def parse_expression(text: str) -> Any | None:
 
 def equivalent(prediction: str, gold: str, *, atol: float, rtol: float) -> bool | None:
     """True/False when both sides are expressions; None when the rung does not apply."""
-    pred, ref = parse_expression(prediction), parse_expression(gold)
+    pred = parse_expression(prediction)
+    ref = parse_expression(gold) if pred is not None else None
     if pred is None or ref is None:
         return None
     import sympy

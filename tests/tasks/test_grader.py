@@ -100,6 +100,13 @@ CASES: list[tuple[str, str, HiddenAnswer, float]] = [
         H("Apples, Bread, Cheese", "list", match_mode="list"),
         1.0,
     ),
+    ("list with and", "Bread and Apples", H("Apples, Bread", "list", match_mode="list"), 1.0),
+    (
+        "list item containing and",
+        "Bread and Butter",
+        H("Bread and Butter, Jam", "list", match_mode="list"),
+        0.0,
+    ),
     ("list missing", "Apples, Bread", H("Apples, Bread, Cheese", "list", match_mode="list"), 0.0),
     (
         "list padded",
@@ -150,6 +157,7 @@ CASES: list[tuple[str, str, HiddenAnswer, float]] = [
     ("pi", "pi/2", H("1.5708", atol=1e-4), 1.0),
     ("symbolic wrong", "sqrt(3)", H("sqrt(8)", "free_form"), 0.0),
     ("code is never evaluated", "__import__('os').system('false')", H("0", "free_form"), 0.0),
+    ("label letter is not a constant", "2.718281828", H("E", "label"), 0.0),
     ("free form text", "Linear regression", H("linear regression", "free_form"), 1.0),
 ]
 
