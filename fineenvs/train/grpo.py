@@ -1,0 +1,477 @@
+"""GRPO on captured rows: one optimizer step per call, over rows the capture proxy recorded.
+
+The trainer consumes token ids and behaviour logprobs, never text: nothing is re-tokenized or
+re-rendered. ``CapturedGRPOTrainer.step(rows)`` takes one optimizer step over ``rows``, split into
+micro-batches internally; every row of every attempt trains, each with its attempt's advantage.
+
+Loss. TRL 1.16's ``GRPOTrainer._compute_loss`` computes the per-token objective (``loss_type``,
+PPO clipping with ``epsilon``/``epsilon_high``, ``importance_sampling_level``), with the
+engine's logprobs as pi_old as in TRL's AsyncGRPO; ``trl_compat`` holds every TRL-internal touch
+and explains how. Normalisation (``batching``) is decided over the whole step, so the loss is the
+same however the rows are split into micro-batches (TRL #7249): ``per_token`` (published),
+``per_attempt`` (each attempt weighs the same whatever its row count), ``per_row``, or
+``loss_type`` (TRL's aggregation for that loss type, over the whole step).
+
+Off-policy. Every step logs ``train/ratio`` (mean, min, max of exp(trainer logprob - behaviour
+logprob) over trained tokens) with logits divided by ``temperature``, which must be the engine's
+sampling temperature. On-policy in float32 it is 1 within 1e-4 (tested against the embedded
+engine's sampling loop). ``importance_sampling="tis"`` truncates the importance weight at
+``importance_sampling_clip`` C, ``"mask"`` drops tokens whose ratio leaves [1/C, C]; both off by
+default, as published (staleness is bounded by the scheduler instead). ``beta`` > 0 adds TRL's
+KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (times the ratio, TRL's
+``use_bias_correction_kl``) against the initial weights, weighted like the policy term.
+
+Hybrid models. Rows are never packed into one sequence: each micro-batch is right-padded with an
+attention mask (``batching``), so LFM2's short convolutions and Qwen3.5's linear attention never
+scan across rows, and no ``seq_idx`` plumbing is needed. TRL's ``AsyncGRPOTrainer`` refuses both
+hybrids, asserts CUDA and fetches an FA3 kernel from the Hub (measured: ``trl_compat``).
+
+Weights. ``export_weights(path)`` writes a safetensors file of the current state dict for the
+embedded engine's ``POST /update_weights_from_path`` (or vLLM's reload); ``on_weights_updated`` is
+called after every ``weight_sync_interval`` optimizer steps with the trainer, so the caller pushes
+(``fineenvs.engine.weights.WeightSync.push(trainer.state_dict(), trainer.policy_version)``).
+``policy_version`` counts optimizer steps since the initial weights (plus ``initial_version``).
+
+Checkpoints. ``save_checkpoint(dir)`` writes the model and tokenizer in Hugging Face layout (the
+engine reloads them), ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pt`` and
+``trainer_state.json`` (step, policy version, settings); ``load_checkpoint(dir)`` restores all of
+it, so the next step is the one an uninterrupted run would take.
+
+More than one device (``accelerate launch``). Configs ship in ``fineenvs/train/accelerate/``:
+
+- ``single_gpu.yaml``, the published layout: the trainer on GPU 0, vLLM on GPU 1 (start vLLM with
+  ``CUDA_VISIBLE_DEVICES=1``, the trainer with ``CUDA_VISIBLE_DEVICES=0``):
+  ``accelerate launch --config_file fineenvs/train/accelerate/single_gpu.yaml -m fineenvs.run ...``
+- ``fsdp_multi_gpu.yaml``: FSDP2 over 4 training GPUs (full shard), vLLM on the others.
+  Change ``num_processes`` to the training GPU count.
+
+Under ``accelerate`` every process must call ``step`` with the same rows: micro-batches are dealt
+round-robin across processes, the normalisation weights are global, and a process with fewer
+micro-batches runs a zero-weight one so collective calls stay in lockstep. The loss is multiplied
+by the process count because data-parallel backends average gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fineenvs.train.batching import (
+    MicroBatch,
+    build_micro_batch,
+    plan_micro_batches,
+    resolve_normalisation,
+    token_weights,
+)
+from fineenvs.train.rows import TrainRow
+from fineenvs.train.trl_compat import (
+    CLIPPED_LOSS_TYPES,
+    IMPORTANCE_SAMPLING,
+    LOSS_TYPES,
+    TRL_VERSION,
+    TrlLoss,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class GRPOTrainerSettings:
+    learning_rate: float = 3e-6
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    max_steps: int = 1000
+    micro_batch_size: int = 4
+    """Rows per forward pass."""
+    gradient_accumulation_steps: int = 4
+    """Micro-batches per optimizer step the caller aims for: it hands ``step`` about
+    ``micro_batch_size * gradient_accumulation_steps * processes`` rows. ``step`` trains all rows
+    it gets in one optimizer step whatever their number."""
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
+    normalisation: str = "per_token"
+    importance_sampling: str = "none"
+    importance_sampling_clip: float = 3.0
+    importance_sampling_level: str = "token"
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    optim: str = "adamw_torch"
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    token_budget: int = 40960
+    """Longest row trained; longer rows are left out and counted (``train/rows_over_budget``)."""
+    max_completion_length: int = 16384
+    """Only ``dr_grpo``'s constant normaliser uses it."""
+    weight_sync_interval: int = 1
+    initial_version: int = 0
+
+    def check(self) -> None:
+        """Raise ``ValueError`` listing every bad field with the fix."""
+        p: list[str] = []
+        if self.loss_type not in LOSS_TYPES:
+            p.append(f"loss_type={self.loss_type!r} is not a TRL {TRL_VERSION} GRPO loss type {LOSS_TYPES}")
+        try:
+            rule = resolve_normalisation(self.normalisation, self.loss_type)
+        except ValueError as e:
+            p.append(str(e))
+            rule = ""
+        if self.loss_type == "vespo" and rule not in ("", "per_token"):
+            p.append(
+                "loss_type='vespo' reads TRL's importance-sampling tensor as a ratio, so only "
+                "normalisation='per_token' (or 'loss_type') is supported with it"
+            )
+        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+            p.append(f"importance_sampling={self.importance_sampling!r} is not one of {IMPORTANCE_SAMPLING}")
+        if self.importance_sampling != "none" and not self.importance_sampling_clip > 1.0:
+            p.append(
+                f"importance_sampling_clip={self.importance_sampling_clip} must be > 1: TIS truncates the "
+                "ratio at C, masking keeps [1/C, C]"
+            )
+        if self.importance_sampling_level not in ("token", "sequence"):
+            p.append(
+                f"importance_sampling_level={self.importance_sampling_level!r} must be 'token' or 'sequence'"
+            )
+        if self.dtype not in DTYPES:
+            p.append(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        if not self.temperature > 0.0:
+            p.append(
+                f"temperature={self.temperature} must be > 0 and equal the engine's sampling temperature "
+                "(the trainer divides logits by it)"
+            )
+        for name in (
+            "max_steps",
+            "micro_batch_size",
+            "gradient_accumulation_steps",
+            "token_budget",
+            "weight_sync_interval",
+        ):
+            if getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)} must be >= 1")
+        if not self.learning_rate > 0:
+            p.append(f"learning_rate={self.learning_rate} must be > 0")
+        if self.beta < 0:
+            p.append(f"beta={self.beta} must be >= 0")
+        if p:
+            raise ValueError("GRPOTrainerSettings: " + "; ".join(p))
+
+
+def _dtype_for_device(name: str) -> torch.dtype:
+    return DTYPES[name]
+
+
+class CapturedGRPOTrainer:
+    """GRPO on captured rows (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        settings: GRPOTrainerSettings,
+        output_dir: Path,
+        *,
+        on_weights_updated: Callable[[CapturedGRPOTrainer], None] | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import set_seed as hf_set_seed
+
+        settings.check()
+        self.settings = settings
+        self.model_dir = Path(model_dir)
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.on_weights_updated = on_weights_updated
+        hf_set_seed(settings.seed)
+        dtype = _dtype_for_device(settings.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        model.config.use_cache = False
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(
+                f"The tokenizer in {self.model_dir} has neither a pad nor an eos token to pad with"
+            )
+        self.pad_token_id = int(pad)
+        self._trl = TrlLoss(
+            model,
+            self.tokenizer,
+            output_dir=self.output_dir / "trl",
+            loss_type=settings.loss_type,
+            epsilon=settings.epsilon,
+            epsilon_high=settings.epsilon_high,
+            temperature=settings.temperature,
+            importance_sampling_level=settings.importance_sampling_level,
+            max_completion_length=settings.max_completion_length,
+            learning_rate=settings.learning_rate,
+            lr_scheduler_type=settings.lr_scheduler_type,
+            warmup_steps=settings.warmup_steps,
+            max_steps=settings.max_steps,
+            weight_decay=settings.weight_decay,
+            optim=settings.optim,
+            max_grad_norm=settings.max_grad_norm,
+            seed=settings.seed,
+            use_cpu=not torch.cuda.is_available(),
+        )
+        self.accelerator = self._trl.accelerator
+        optimizer, scheduler = self._trl.create_optimizer_and_scheduler(settings.max_steps)
+        self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.ref_model: Any = None
+        if settings.beta > 0.0:
+            self.ref_model = self._load_reference(dtype)
+        self.global_step = 0
+        self._version = settings.initial_version
+
+    # -- public state ----------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the current weights: ``initial_version`` + optimizer steps taken."""
+        return self._version
+
+    @property
+    def unwrapped_model(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full state dict with Hugging Face parameter names (gathered under FSDP)."""
+        sd: dict[str, torch.Tensor] = self.accelerator.get_state_dict(self.model)
+        return sd
+
+    # -- training --------------------------------------------------------------------------
+
+    def step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
+        """One optimizer step over ``rows``; returns this step's metrics."""
+        start = time.perf_counter()
+        s = self.settings
+        metrics = self.loss_and_gradients(rows)
+        if s.max_grad_norm > 0:
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+        else:
+            grads = [p.grad.detach().norm() for p in self.model.parameters() if p.grad is not None]
+            grad_norm = torch.stack(grads).norm() if grads else torch.tensor(0.0)
+        lr = float(self.lr_scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self._version += 1
+        elapsed = time.perf_counter() - start
+        metrics.update(
+            {
+                "train/grad_norm": float(grad_norm),
+                "train/learning_rate": lr,
+                "train/tokens_per_s": metrics["train/tokens"] / elapsed if elapsed > 0 else 0.0,
+                "train/step": float(self.global_step),
+                "train/policy_version": float(self._version),
+                "train/step_seconds": elapsed,
+            }
+        )
+        if self.on_weights_updated is not None and self.global_step % s.weight_sync_interval == 0:
+            self.on_weights_updated(self)
+        return metrics
+
+    def loss_and_gradients(self, rows: Sequence[TrainRow]) -> dict[str, float]:
+        """Forward and backward over ``rows`` (gradients left in ``.grad``, no optimizer step).
+
+        ``step`` is this plus clipping and the optimizer update; tests and diagnostics call it to
+        inspect the gradient of a batch.
+        """
+        s = self.settings
+        if not rows:
+            raise ValueError(
+                "step() needs at least one row; skip the step when a batch has no trainable rows"
+            )
+        for i, r in enumerate(rows):
+            r.check(f"row {i}")
+        kept = [r for r in rows if len(r.input_ids) <= s.token_budget]
+        over_budget = len(rows) - len(kept)
+        if not kept:
+            raise ValueError(
+                f"all {len(rows)} rows are longer than token_budget={s.token_budget}; raise token_budget "
+                "or cut rows when building them (trajectory RowOptions.max_tokens)"
+            )
+        if s.loss_type == "vespo" and any(r.loss_weight is not None for r in kept):
+            raise ValueError("loss_type='vespo' cannot apply per-token loss_weight; build rows without it")
+        rule = resolve_normalisation(s.normalisation, s.loss_type)
+        weights = token_weights(kept, rule, s.max_completion_length)
+        plan = plan_micro_batches(kept, s.micro_batch_size)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        local = plan[rank::world]
+        n_local = math.ceil(len(plan) / world)
+        weight_total = float(sum(sum(r.weights()) for r in kept))
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        device = self.accelerator.device
+        loss_total = 0.0
+        ratio_sum, ratio_min, ratio_max, n_tok = 0.0, math.inf, -math.inf, 0
+        clipped, gated_out, truncated, entropy_sum = 0.0, 0.0, 0.0, 0.0
+        for k in range(n_local):
+            dummy = k >= len(local)
+            indices = local[k] if not dummy else plan[0]
+            mb = build_micro_batch(kept, indices, weights, self.pad_token_id, device)
+            if dummy:
+                mb.weights.zero_()
+            out = self._micro_batch_loss(mb, weight_total)
+            self.accelerator.backward(out.loss * world)
+            loss_total += float(out.loss.detach())
+            if dummy:
+                continue
+            m = mb.loss_mask > 0
+            ratio = torch.exp((out.logps - mb.behaviour_logps)[m])
+            ratio_sum += float(ratio.sum())
+            ratio_min = min(ratio_min, float(ratio.min()))
+            ratio_max = max(ratio_max, float(ratio.max()))
+            n_tok += int(m.sum())
+            clipped += float(self._clipped(out.logps, mb)[m].sum())
+            gate = out.gate[m]
+            gated_out += float((gate == 0).sum())
+            truncated += float(((gate > 0) & (gate < 1)).sum())
+            if out.entropies is not None:
+                entropy_sum += float(out.entropies[m].sum())
+
+        totals = self._reduce(
+            [loss_total, ratio_sum, float(n_tok), clipped, gated_out, truncated, entropy_sum]
+        )
+        loss_total, ratio_sum, n_tok_f, clipped, gated_out, truncated, entropy_sum = totals
+        n_tok_f = max(n_tok_f, 1.0)
+        staleness = [self._version - r.policy_version for r in kept]
+        return {
+            "train/loss": loss_total,
+            "train/ratio": ratio_sum / n_tok_f,
+            "train/ratio_min": self._reduce_extreme(ratio_min, "min"),
+            "train/ratio_max": self._reduce_extreme(ratio_max, "max"),
+            "train/clip_fraction": clipped / n_tok_f,
+            "train/is_masked_fraction": gated_out / n_tok_f,
+            "train/is_truncated_fraction": truncated / n_tok_f,
+            "train/entropy": entropy_sum / n_tok_f,
+            "train/tokens_trained": float(sum(sum(r.loss_mask) for r in kept)),
+            "train/tokens": float(sum(len(r.input_ids) for r in kept)),
+            "train/rows": float(len(kept)),
+            "train/rows_over_budget": float(over_budget),
+            "train/attempts": float(len({r.attempt_id for r in kept})),
+            "train/groups": float(len({r.group_id for r in kept})),
+            "train/micro_batches": float(len(plan)),
+            "train/advantage_mean": sum(r.advantage for r in kept) / len(kept),
+            "train/staleness_mean": sum(staleness) / len(staleness),
+            "train/staleness_max": float(max(staleness)),
+        }
+
+    @torch.no_grad()
+    def token_logprobs(self, rows: Sequence[TrainRow]) -> list[list[float]]:
+        """The trainer's logprob of every token given its prefix (0.0 for the first token),
+        temperature-scaled like the loss; aligned with each row's ``input_ids``."""
+        out: list[list[float]] = []
+        for row in rows:
+            mb = build_micro_batch([row], [0], [row.weights()], self.pad_token_id, self.accelerator.device)
+            logps = self._trl.logps(self.model, mb)[0].float().cpu().tolist()
+            out.append([0.0] * mb.prompt_ids.size(1) + logps)
+        return out
+
+    def _micro_batch_loss(self, mb: MicroBatch, weight_total: float) -> Any:
+        s = self.settings
+        out = self._trl(
+            self.model,
+            mb,
+            importance_sampling=s.importance_sampling,
+            clip=s.importance_sampling_clip,
+            num_tokens_total=weight_total,
+        )
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = self._trl.logps(self.ref_model, mb)
+            logps = out.logps_graph  # same forward as the policy term, with its graph
+            diff = ref - logps
+            kl = torch.exp(diff) - diff - 1.0
+            kl = kl * torch.exp(logps - mb.behaviour_logps)  # TRL's use_bias_correction_kl
+            out.loss = out.loss + s.beta * (kl * mb.weights * out.gate).sum()
+        return out
+
+    def _clipped(self, logps: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """1 where TRL's clipping is active for the token (its ``clip_ratio/region_mean``)."""
+        s = self.settings
+        ratio = torch.exp(logps - mb.behaviour_logps)
+        adv = mb.advantages.unsqueeze(1)
+        eps_high = s.epsilon_high if s.epsilon_high is not None else s.epsilon
+        if s.loss_type in CLIPPED_LOSS_TYPES:
+            hit = ((ratio < 1 - s.epsilon) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
+        elif s.loss_type == "cispo":
+            hit = (ratio > eps_high) & (adv > 0)
+        else:
+            hit = torch.zeros_like(ratio, dtype=torch.bool)
+        return hit.float()
+
+    def _reduce(self, values: list[float]) -> list[float]:
+        if self.accelerator.num_processes == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        out: list[float] = self.accelerator.reduce(t, reduction="sum").tolist()
+        return out
+
+    def _reduce_extreme(self, value: float, how: str) -> float:
+        if self.accelerator.num_processes == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
+        gathered = self.accelerator.gather(t)
+        return float(gathered.min() if how == "min" else gathered.max())
+
+    def _load_reference(self, dtype: torch.dtype) -> Any:
+        from transformers import AutoModelForCausalLM
+        from trl.trainer.utils import add_fused_lm_head
+
+        ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        add_fused_lm_head(ref, temperature=self.settings.temperature)
+        ref.requires_grad_(False)
+        return ref.to(self.accelerator.device).eval()
+
+    # -- weights and checkpoints -----------------------------------------------------------
+
+    def export_weights(self, path: Path) -> Path:
+        """Write the current weights as safetensors; ``path`` is a directory (``model.safetensors``
+        inside) or a ``.safetensors`` file. Returns the file, for ``/update_weights_from_path``."""
+        from fineenvs.engine.weights import save_safetensors
+
+        path = Path(path)
+        state = self.state_dict()
+        if path.suffix == ".safetensors":
+            written = save_safetensors(state, path.parent)
+            if written != path:
+                written.replace(path)
+            return path
+        return save_safetensors(state, path)
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        from fineenvs.train.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, Path(directory))
+
+    def load_checkpoint(self, directory: Path) -> None:
+        from fineenvs.train.checkpoint import load_checkpoint
+
+        load_checkpoint(self, Path(directory))
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "global_step": self.global_step,
+            "policy_version": self._version,
+            "settings": dataclasses.asdict(self.settings),
+            "model_dir": str(self.model_dir),
+            "trl_version": TRL_VERSION,
+        }
+
+    def restore_trainer_state(self, state: dict[str, Any]) -> None:
+        self.global_step = int(state["global_step"])
+        self._version = int(state["policy_version"])
