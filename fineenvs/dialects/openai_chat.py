@@ -35,6 +35,7 @@ from fineenvs.dialects._common import (
     join_text,
     normalise_messages,
     optional_int,
+    optional_number,
     prefixed,
     read_completion,
     require_dict,
@@ -65,6 +66,17 @@ PASSTHROUGH = (
     "parallel_tool_calls",
     "reasoning_effort",
     "chat_template_kwargs",
+)
+NUMERIC = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "top_logprobs",
 )
 ROLES = ("system", "developer", "user", "assistant", "tool")
 ERROR_TYPES = {
@@ -213,6 +225,8 @@ class OpenAIChat:
         out: JSON = {"messages": messages}
         for key in PASSTHROUGH:
             if body.get(key) is not None:
+                if key in NUMERIC:
+                    optional_number(body, key)
                 out[key] = body[key]
         max_tokens = optional_int(body, "max_tokens")
         max_completion = optional_int(body, "max_completion_tokens")

@@ -377,3 +377,94 @@ def test_gemini_thought_parts_only_when_asked() -> None:
         "parts"
     ]
     assert [p.get("thought", False) for p in parts] == [True, False]
+
+
+def test_images_pass_through_as_chat_image_parts() -> None:
+    url = "data:image/png;base64,iVBORw0KGgo="
+    chat = DIALECTS["openai_chat"].to_canonical(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this?"},
+                        {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+                    ],
+                }
+            ]
+        },
+        path="",
+        query={},
+    )
+    assert chat.body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        }
+    ]
+    resp = DIALECTS["openai_responses"].to_canonical(
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "what is this?"},
+                        {"type": "input_image", "image_url": url},
+                    ],
+                }
+            ]
+        },
+        path="",
+        query={},
+    )
+    assert resp.body["messages"] == chat.body["messages"]
+    anth = DIALECTS["anthropic_messages"].to_canonical(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this?"},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                        },
+                    ],
+                }
+            ]
+        },
+        path="",
+        query={},
+    )
+    assert anth.body["messages"] == chat.body["messages"]
+
+
+def test_chat_sampling_fields_are_recorded_and_type_checked() -> None:
+    dialect = DIALECTS["openai_chat"]
+    req = dialect.to_canonical(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "temperature": 0,
+            "top_p": 0.9,
+            "stop": ["END"],
+            "seed": 3,
+            "user": "u1",
+            "store": False,
+        },
+        path="",
+        query={},
+    )
+    assert {k: req.body[k] for k in ("temperature", "top_p", "stop", "seed")} == {
+        "temperature": 0,
+        "top_p": 0.9,
+        "stop": ["END"],
+        "seed": 3,
+    }
+    assert "user" not in req.body and "store" not in req.body
+    with pytest.raises(DialectError, match="temperature must be a number"):
+        dialect.to_canonical(
+            {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, path="", query={}
+        )
