@@ -73,27 +73,50 @@ class TokenTrie:
         self.root = Vertex(0)
         self.strand_tokens = 0  # token ids held by the trie: the number of distinct prefixes
         self.n_edges = 0
+        # The previous insertion (its sequence and path): valid until the next insertion, because
+        # only insertions change the trie's edges.
+        self._last: tuple[list[int], list[Edge]] | None = None
 
     def walk(self, seq: list[int]) -> tuple[list[Edge], int]:
-        """Edges along ``seq`` and how deep ``seq`` matches the trie (its longest stored prefix)."""
-        v = self.root
-        d = 0
+        """Edges along ``seq`` and how deep ``seq`` matches the trie (its longest stored prefix).
+
+        Starts from the previous insertion when ``seq`` extends it (the next turn of a chain), so
+        a call does not re-walk the branch points of its whole history.
+        """
+        last = self._last
+        if last is not None and len(seq) >= len(last[0]) and seq[: len(last[0])] == last[0]:
+            return self._walk_from(seq, list(last[1]), len(last[0]))
+        return self._walk_from(seq, [], 0)
+
+    def _walk_from(self, seq: list[int], path: list[Edge], d: int) -> tuple[list[Edge], int]:
         n = len(seq)
-        path: list[Edge] = []
+        if path:
+            e = path[-1]
+            if d < e.child.depth:  # resume inside the last edge
+                off = e.start + d - e.top.depth
+                k = min(e.child.depth - d, n - d)
+                if e.owner[off : off + k] != seq[d : d + k]:
+                    return path, d + common_prefix(e.owner, off, seq, d, k)
+                d += k
+                if d < e.child.depth:
+                    return path, d
+            v = e.child
+        else:
+            v = self.root
         while d < n:
-            e = v.children.get(seq[d])
-            if e is None:
+            nxt = v.children.get(seq[d])
+            if nxt is None:
                 break
-            length = e.stop - e.start
+            length = nxt.stop - nxt.start
             k = min(length, n - d)
-            path.append(e)
-            if e.owner[e.start : e.start + k] == seq[d : d + k]:
+            path.append(nxt)
+            if nxt.owner[nxt.start : nxt.start + k] == seq[d : d + k]:
                 d += k
                 if k < length:
                     break
-                v = e.child
+                v = nxt.child
             else:
-                d += common_prefix(e.owner, e.start, seq, d, k)
+                d += common_prefix(nxt.owner, nxt.start, seq, d, k)
                 break
         return path, d
 
@@ -103,6 +126,11 @@ class TokenTrie:
         The third value is ``(strand, offset)`` with ``strand[offset:offset + len(seq) - matched]``
         equal to the new tokens, or None when ``seq`` was already stored entirely.
         """
+        path, m, fresh = self._insert(seq)
+        self._last = (seq, path)
+        return path, m, fresh
+
+    def _insert(self, seq: list[int]) -> tuple[list[Edge], int, tuple[list[int], int] | None]:
         path, m = self.walk(seq)
         if m == len(seq):
             return path, m, None

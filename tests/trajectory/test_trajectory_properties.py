@@ -72,7 +72,7 @@ def snapshot(g: TrajectoryGraph) -> dict[str, object]:
     }
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
@@ -147,3 +147,69 @@ def test_session_json_round_trips(nodes: list[CallNode]) -> None:
     res = build_session(nodes, {"harness": "h", "session_id": "s"}, min_calls=1)
     back = session_from_json(orjson.dumps(session_to_json(res)))
     assert session_to_json(back) == session_to_json(res)
+
+
+def is_prefix(a: list[int], b: list[int]) -> bool:
+    return len(a) <= len(b) and b[: len(a)] == a
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions())
+def test_drift_and_discard_labels_match_their_definitions(nodes: list[CallNode]) -> None:
+    g = TrajectoryGraph(nodes)
+    parent = all_pairs_parents(nodes)
+    kids = {n.node_id: [m for m in nodes if parent[m.node_id] == n.node_id] for n in nodes}
+    drift = set()
+    for x in nodes:
+        for n in nodes:
+            if (
+                x is not n
+                and parent[x.node_id] == parent[n.node_id]
+                and len(x.prompt_ids) < len(n.prompt_ids)
+                and is_prefix(x.prompt_ids, n.prompt_ids)
+                and not is_prefix(end(x), n.prompt_ids)
+            ):
+                drift.add((x.node_id, n.node_id))
+    assert {(d.nearly_extends, d.node_id) for d in g.drift_breaks()} == drift
+    for d in g.drift_breaks():
+        n = next(m for m in nodes if m.node_id == d.node_id)
+        x = next(m for m in nodes if m.node_id == d.nearly_extends)
+        assert n.prompt_ids[: d.position] == end(x)[: d.position]
+        assert d.position == len(n.prompt_ids) or n.prompt_ids[d.position] != end(x)[d.position]
+    discarded = set()
+    for n in nodes:
+        if kids[n.node_id]:
+            continue
+        for s in nodes:
+            if s is n or s.order_key() < n.order_key() or s.has_tools != n.has_tools:
+                continue
+            if parent[s.node_id] != parent[n.node_id] or (n.node_id, s.node_id) in drift:
+                continue
+            same_prompt = s.prompt_ids == n.prompt_ids
+            if same_prompt or (kids[s.node_id] and parent[n.node_id] is not None):
+                discarded.add(n.node_id)
+    assert g.discarded() == discarded
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(5, 40))
+def test_bigger_random_sessions_match_the_reference(seed: int, n_calls: int) -> None:
+    rnd = random.Random(seed)
+    nodes: list[CallNode] = []
+    for i in range(n_calls):
+        if not nodes or rnd.random() < 0.15:
+            prompt = [rnd.randrange(3) for _ in range(rnd.randrange(1, 12))]
+        else:
+            base = end(rnd.choice(nodes))
+            prompt = base[: rnd.randrange(1, len(base) + 1)] if rnd.random() < 0.3 else list(base)
+            prompt += [rnd.randrange(3) for _ in range(rnd.randrange(0, 6))]
+        sampled = [rnd.randrange(3) for _ in range(rnd.randrange(0, 8))]
+        lps = [-1.0] * len(sampled)
+        nodes.append(
+            CallNode(f"c{i}", prompt, sampled, lps, None, rnd.random() < 0.8, rnd.randrange(n_calls))
+        )
+    order = list(nodes)
+    rnd.shuffle(order)
+    g = TrajectoryGraph(order)
+    assert {n.node_id: g.parent(n.node_id) for n in nodes} == all_pairs_parents(nodes)
+    assert snapshot(g) == snapshot(TrajectoryGraph(nodes))
