@@ -33,6 +33,7 @@ TASK_SETS = ("demo", "smoldataenvs")
 TRAIN_SUBSET_SALT = "fineenvs-train-1000-v1"
 TRAIN_SUBSET_MEDIUM = 400
 TRAIN_SUBSET_HARD = 600
+SUBSETS: dict[str, tuple[int, int]] = {"published_1000": (TRAIN_SUBSET_MEDIUM, TRAIN_SUBSET_HARD)}
 
 __all__ = [
     "ANSWER_FILE",
@@ -93,12 +94,19 @@ def load_tasks(
     filters: TaskFilter | None = None,
     layout: str | None = None,
     seed: int = DEMO_SEED,
+    subset: str | None = None,
 ) -> list[Task]:
     """Load a task set: "demo" (offline, generated from `seed` into the cache unless `path` points at
     a generated copy) or "smoldataenvs" (local `path` in Harbor or row layout, else the Hub).
 
-    Filters apply before `limit`; the order is the source's (task id order for Harbor layouts).
+    ``subset="published_1000"`` (train split only) selects `training_subset` in its fixed order.
+    Then filters apply, then `limit`; otherwise the order is the source's (task id order for
+    Harbor layouts).
     """
+    if subset is not None and subset not in SUBSETS:
+        raise TaskError(f"unknown subset {subset!r}; choose one of {sorted(SUBSETS)} or null")
+    if subset is not None and split != "train":
+        raise TaskError(f"subset={subset!r} is a training subset; it needs split='train', not {split!r}")
     if name not in TASK_SETS:
         raise TaskError(
             f"unknown task set {name!r}; choose one of {TASK_SETS} (tasks=demo or tasks=smoldataenvs)"
@@ -114,6 +122,9 @@ def load_tasks(
         tasks = load_local(Path(path), split=split, layout=layout)
     else:
         tasks = load_hub(split=split, revision=revision, layout=layout or "harbor")
+    if subset is not None:
+        n_medium, n_hard = SUBSETS[subset]
+        tasks = training_subset(tasks, n_medium=n_medium, n_hard=n_hard)
     if filters is not None:
         tasks = [t for t in tasks if filters.keep(t)]
     return tasks if limit is None else tasks[:limit]

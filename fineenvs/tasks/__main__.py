@@ -23,7 +23,7 @@ from fineenvs.tasks import DEMO_SEED, TASK_SETS, Task, TaskError, TaskFilter, ge
 from fineenvs.tasks.harbor import read_harbor_task
 from fineenvs.tasks.smoldataenvs import TaskSetUnavailableError
 
-OPTIONS = ("tasks", "split", "path", "revision", "limit", "layout", "seed", "difficulty")
+OPTIONS = ("tasks", "split", "path", "revision", "limit", "layout", "seed", "difficulty", "subset")
 
 
 def _hydra_to_flags(argv: list[str]) -> list[str]:
@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--revision", default=None, help="Hub revision (commit sha) to pin")
     source.add_argument("--layout", default=None, choices=("harbor", "rows"))
     source.add_argument("--seed", type=int, default=DEMO_SEED, help="demo set seed")
+    source.add_argument("--subset", default=None, help="published_1000: the fixed 400 medium + 600 hard")
     parser = argparse.ArgumentParser(prog="python -m fineenvs.tasks", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     lister = sub.add_parser("list", parents=[source], help="list tasks")
@@ -74,6 +75,7 @@ def _source_tasks(args: argparse.Namespace, filters: TaskFilter | None = None) -
         seed=args.seed,
         filters=filters,
         limit=getattr(args, "limit", None),
+        subset=None if args.subset in (None, "null", "none") else args.subset,
     )
 
 

@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -309,3 +310,26 @@ def test_pinned_revisions_table_is_used(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(TaskSetUnavailableError):
         load_tasks("smoldataenvs", split="train")
     assert seen["revision"] == "f" * 40 and seen["repo_type"] == "dataset"
+
+
+def test_load_tasks_subset_option(tmp_path: Path) -> None:
+    rows = [
+        {"task_id": f"s{i:04d}", "question": "q", "answer": "1", "difficulty_tier": tier}
+        for i, tier in enumerate(["easy"] * 50 + ["medium"] * 450 + ["hard"] * 650)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = load_tasks("smoldataenvs", path=tmp_path, subset="published_1000")
+    assert len(tasks) == 1000 and [t.task_id for t in tasks] == [t.task_id for t in training_subset(tasks)]
+    assert Counter(t.difficulty for t in tasks) == {"medium": 400, "hard": 600}
+    with pytest.raises(TaskError, match="needs split='train'"):
+        load_tasks("smoldataenvs", path=tmp_path, split="test", subset="published_1000")
+    with pytest.raises(TaskError, match="unknown subset"):
+        load_tasks("smoldataenvs", path=tmp_path, subset="all")
+    with pytest.raises(TaskError, match="needs 400 medium tasks but the pool has 16"):
+        load_tasks("demo", subset="published_1000", path=_demo(tmp_path))
+
+
+def _demo(tmp_path: Path) -> Path:
+    from fineenvs.tasks import generate_demo
+
+    return generate_demo(tmp_path / "demo")
