@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from fineenvs.dialects import DIALECTS, DialectError, aux_response, aux_route, detect, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
+from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import CallStore, StoreError
@@ -55,7 +56,6 @@ HARNESS_ID_HEADERS = (
     "x-request-id",
     "user-agent",
 )
-UPSTREAM_SHARD_SIZE = 16
 BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
     "Stop here: no further actions will be run."
@@ -101,10 +101,9 @@ def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, 
 class ProxyApp:
     """Request handlers; ``create_proxy_app`` wraps them in a Starlette app."""
 
-    def __init__(self, settings: ProxySettings, upstream: list[httpx.AsyncClient], store: CallStore) -> None:
+    def __init__(self, settings: ProxySettings, upstream: EngineClient, store: CallStore) -> None:
         self.settings = settings
         self.upstream = upstream
-        self.upstream_busy = [0] * len(upstream)
         self.store = store
         self.sessions = SessionRegistry(store, settings.max_model_calls)
         self.started = time.time()
@@ -385,12 +384,7 @@ class ProxyApp:
         try:
             try:
                 async with self.upstream_slots:
-                    shard = min(range(len(self.upstream)), key=self.upstream_busy.__getitem__)
-                    self.upstream_busy[shard] += 1
-                    try:
-                        result = await call_engine(self.upstream[shard], self.settings, engine_req.body)
-                    finally:
-                        self.upstream_busy[shard] -= 1
+                    result = await call_engine(self.upstream, self.settings, engine_req.body)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")
@@ -544,23 +538,12 @@ def create_proxy_app(
 ) -> Starlette:
     """The proxy as a Starlette app. Pass ``upstream`` to swap the engine transport in tests."""
     settings.validate()
-    own_client = upstream is None
-    if upstream is not None:
-        clients = [upstream]
-    else:
-        # Several small pools instead of one big one: httpcore checks every pooled connection
-        # (a poll() syscall each) on every request event, so one pool of 256 connections costs
-        # milliseconds of CPU per call under load; shards of 16 keep that constant.
-        n_shards = max(1, -(-settings.max_upstream_concurrency // UPSTREAM_SHARD_SIZE))
-        per_shard = -(-settings.max_upstream_concurrency // n_shards)
-        clients = [
-            httpx.AsyncClient(
-                timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0),
-                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
-            )
-            for _ in range(n_shards)
-        ]
-    proxy = ProxyApp(settings, clients, store)
+    engine: EngineClient = (
+        HttpxEngine(upstream)
+        if upstream is not None
+        else RawEngine(settings.upstream_url, max_connections=settings.max_upstream_concurrency)
+    )
+    proxy = ProxyApp(settings, engine, store)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -569,9 +552,8 @@ def create_proxy_app(
         finally:
             if proxy.tasks:
                 await asyncio.gather(*proxy.tasks, return_exceptions=True)
-            if own_client:
-                for client in clients:
-                    await client.aclose()
+            if upstream is None:
+                await engine.aclose()
             await asyncio.to_thread(store.close)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

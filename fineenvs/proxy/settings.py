@@ -56,9 +56,8 @@ class ProxySettings:
     retry_backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
     upstream_timeout_s: float = 600.0
-    # Calls in flight to the engine at once; the rest wait in the proxy. httpx's connection pool
-    # scans every waiting request on each event, so 1,000 requests inside it cost O(n^2) CPU,
-    # and an engine batches a few hundred sequences at most anyway.
+    # Calls in flight to the engine at once (= engine connections); the rest wait in the proxy.
+    # An engine batches a few hundred sequences at most; vLLM's --max-num-seqs defaults to 256.
     max_upstream_concurrency: int = 256
     fsync: bool = True
 

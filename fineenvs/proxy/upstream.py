@@ -22,9 +22,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
+from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable
 from fineenvs.proxy.settings import ProxySettings
 
 SAMPLING_KEYS = (
@@ -139,7 +139,7 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
     return EngineRequest(body, requested, applied, max_requested, notes)
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(resp: EngineResponse) -> str:
     try:
         data = orjson.loads(resp.content)
     except orjson.JSONDecodeError:
@@ -154,7 +154,7 @@ def _error_message(resp: httpx.Response) -> str:
     return str(data)[:500]
 
 
-def _retry_after(resp: httpx.Response, cap: float) -> float | None:
+def _retry_after(resp: EngineResponse, cap: float) -> float | None:
     value = resp.headers.get("retry-after")
     if value is None:
         return None
@@ -165,8 +165,8 @@ def _retry_after(resp: httpx.Response, cap: float) -> float | None:
 
 
 async def post_with_retries(
-    client: httpx.AsyncClient, settings: ProxySettings, body: dict[str, Any]
-) -> tuple[httpx.Response, int]:
+    client: EngineClient, settings: ProxySettings, body: dict[str, Any]
+) -> tuple[EngineResponse, int]:
     """POST to the engine; returns a 2xx response or raises ``UpstreamError``."""
     url = settings.upstream_url.rstrip("/") + "/v1/chat/completions"
     payload = orjson.dumps(body)
@@ -174,14 +174,9 @@ async def post_with_retries(
     for attempt in range(1, settings.retries + 1):
         delay = settings.retry_backoff_s * (2 ** (attempt - 1))
         try:
-            resp = await client.post(
-                url,
-                content=payload,
-                headers={"content-type": "application/json"},
-                timeout=settings.upstream_timeout_s,
-            )
-        except httpx.TransportError as exc:
-            last = f"engine at {settings.upstream_url} unreachable ({type(exc).__name__}: {exc})"
+            resp = await client.post_json(url, payload, timeout=settings.upstream_timeout_s)
+        except EngineUnreachable as exc:
+            last = f"engine at {settings.upstream_url} unreachable ({exc})"
         else:
             status = resp.status_code
             if status < 300:
@@ -282,9 +277,7 @@ def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | No
     return out, True, ""
 
 
-async def call_engine(
-    client: httpx.AsyncClient, settings: ProxySettings, body: dict[str, Any]
-) -> EngineResult:
+async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
     start = time.perf_counter()
     resp, attempts = await post_with_retries(client, settings, body)
     try:
