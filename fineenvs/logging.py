@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class MetricLogger:
                 reinit="finish_previous",
             )
 
-    def log(self, metrics: dict[str, float | int | None], step: int) -> None:
+    def log(self, metrics: Mapping[str, float | int | None], step: int) -> None:
         clean = {
             k: v for k, v in metrics.items() if v is not None and not (isinstance(v, float) and math.isnan(v))
         }

@@ -33,7 +33,11 @@ TASK_SETS = ("demo", "smoldataenvs")
 TRAIN_SUBSET_SALT = "fineenvs-train-1000-v1"
 TRAIN_SUBSET_MEDIUM = 400
 TRAIN_SUBSET_HARD = 600
-SUBSETS: dict[str, tuple[int, int]] = {"published_1000": (TRAIN_SUBSET_MEDIUM, TRAIN_SUBSET_HARD)}
+# name -> (easy, medium, hard): the published LFM pool, and the earlier, easier Qwen3.5 pool.
+SUBSETS: dict[str, tuple[int, int, int]] = {
+    "published_1000": (0, TRAIN_SUBSET_MEDIUM, TRAIN_SUBSET_HARD),
+    "qwen_1000": (150, 600, 250),
+}
 
 __all__ = [
     "ANSWER_FILE",
@@ -99,7 +103,8 @@ def load_tasks(
     """Load a task set: "demo" (offline, generated from `seed` into the cache unless `path` points at
     a generated copy) or "smoldataenvs" (local `path` in Harbor or row layout, else the Hub).
 
-    ``subset="published_1000"`` (train split only) selects `training_subset` in its fixed order.
+    ``subset`` ("published_1000": 400 medium + 600 hard; "qwen_1000": 150 easy + 600 medium + 250 hard;
+    train split only) selects `training_subset` in its fixed order.
     Then filters apply, then `limit`; otherwise the order is the source's (task id order for
     Harbor layouts).
     """
@@ -123,8 +128,8 @@ def load_tasks(
     else:
         tasks = load_hub(split=split, revision=revision, layout=layout or "harbor")
     if subset is not None:
-        n_medium, n_hard = SUBSETS[subset]
-        tasks = training_subset(tasks, n_medium=n_medium, n_hard=n_hard)
+        n_easy, n_medium, n_hard = SUBSETS[subset]
+        tasks = training_subset(tasks, n_easy=n_easy, n_medium=n_medium, n_hard=n_hard)
     if filters is not None:
         tasks = [t for t in tasks if filters.keep(t)]
     return tasks if limit is None else tasks[:limit]
@@ -137,6 +142,7 @@ def subset_key(task_id: str, salt: str = TRAIN_SUBSET_SALT) -> str:
 def training_subset(
     tasks: list[Task],
     *,
+    n_easy: int = 0,
     n_medium: int = TRAIN_SUBSET_MEDIUM,
     n_hard: int = TRAIN_SUBSET_HARD,
     salt: str = TRAIN_SUBSET_SALT,
@@ -150,7 +156,9 @@ def training_subset(
     the same order; a changed pool changes the subset only where a new task ranks in.
     """
     chosen: list[Task] = []
-    for tier, count in (("medium", n_medium), ("hard", n_hard)):
+    for tier, count in (("easy", n_easy), ("medium", n_medium), ("hard", n_hard)):
+        if count == 0:
+            continue
         pool = sorted((t for t in tasks if t.difficulty == tier), key=lambda t: subset_key(t.task_id, salt))
         if len(pool) < count:
             raise TaskError(

@@ -1,0 +1,470 @@
+"""The RL job: engine → probe → proxy → scheduler (real agents) → GRPO on captured rows → weights.
+
+Start order: engine healthy, engine probed (training refuses anything below the ``tokens`` grade),
+proxy listening on loopback in its own process (a crash of this one loses no recorded call),
+trainer (resumed from the newest checkpoint in the output directory), then the scheduler drives
+the agents. Everything stops in reverse order on exit, Ctrl-C or error.
+
+Per finished group: groups more than ``scheduler.max_staleness`` policy versions behind are
+dropped and counted; group-relative advantages come from graded attempts only (``None`` rewards
+are excluded from the baseline, groups with fewer than two graded attempts give no signal); every
+trainable row of an attempt is stamped with that attempt's advantage. An optimizer step runs once
+``per_device_batch_size × gradient_accumulation_steps`` rows wait; weights go to the engine every
+``weight_sync_interval`` steps; a checkpoint (trainer and rollout state) every ``save_steps``. The
+run aborts after ``max_consecutive_empty_groups`` groups in a row without trainable rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import EngineKind, GRPOSpec, ModelSource, RunConfig, WeightSyncKind
+from fineenvs.logging import MetricLogger, metric_key
+from fineenvs.plan import effective_weight_sync
+from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
+from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
+
+log = logging.getLogger("fineenvs.rl")
+
+
+class RunAborted(RuntimeError):
+    """The run cannot make progress; the message says why and what to check."""
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def resolve_model_dir(run: RunConfig) -> Path:
+    """Where the trainer (and the embedded engine) load the policy from."""
+    m = run.model
+    if m.source is ModelSource.tiny:
+        from fineenvs.models.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(m.path, seed=m.seed)
+    return Path(m.path)
+
+
+def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
+    """The run's tasks in their fixed order: filters, then the training subset, then ``tasks.limit``."""
+    from fineenvs.tasks import TaskFilter, load_tasks
+
+    t = run.tasks
+    split = split or t.split
+    filters = TaskFilter(difficulties=tuple(t.difficulties)) if t.difficulties else None
+    subset = t.subset if split == "train" else None
+    return list(
+        load_tasks(
+            t.name, split=split, path=t.path, revision=t.revision, filters=filters, seed=t.seed,
+            subset=subset, limit=t.limit,
+        )
+    )  # fmt: skip
+
+
+def start_engine(run: RunConfig, model_dir: Path, out: Path, stack: ExitStack) -> Any:
+    """Launch (or attach to) the engine; returns its ``EngineHandle``."""
+    from fineenvs.engine import attach, launch_transformers_engine, launch_vllm
+
+    e = run.engine
+    if e.url:
+        return attach(e.url)
+    if e.kind is EngineKind.transformers:
+        launch = launch_transformers_engine(
+            str(model_dir) if run.model.source is not ModelSource.tiny else run.model.path,
+            log_dir=out / "engine",
+            host=e.host,
+            port=e.port or None,
+            served_model_name=run.model.name,
+            seed=run.seed,
+            dtype=e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype),
+            timeout_s=e.health_timeout_seconds,
+        )
+        return stack.enter_context(launch)
+    from fineenvs.engine.vllm import prepare_chat_template
+    from fineenvs.plan import vllm_args
+
+    args = prepare_chat_template(vllm_args(run), out / "engine")
+    return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
+
+
+def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str:
+    """The capture proxy as a child process on loopback; returns its base URL."""
+    from fineenvs.engine.launcher import free_port, launched
+
+    p = run.proxy
+    port = p.port or free_port(p.host)
+    store = Path(p.store_dir) if p.store_dir else out / "records"
+    cmd = [
+        sys.executable, "-m", "fineenvs.proxy", "serve",
+        "--engine-url", engine.url,
+        "--served-model", engine.served_model_name,
+        "--host", p.host, "--port", str(port),
+        "--store-dir", str(store),
+        "--max-model-calls", str(p.max_model_calls),
+        "--max-output-tokens", str(p.max_output_tokens),
+        "--temperature", str(run.sampling.temperature),
+        "--max-body-bytes", str(p.max_body_bytes),
+        "--keepalive-seconds", str(p.keepalive_seconds),
+        "--retries", str(p.upstream_retries),
+    ]  # fmt: skip
+    env = None
+    if p.admin_key:
+        import os
+
+        env = dict(os.environ, FINEENVS_ADMIN_KEY=p.admin_key)
+    url = f"http://{p.host}:{port}"
+    stack.enter_context(
+        launched(
+            cmd, base_url=url, log_path=out / "proxy.log", env=env, health_paths=("/health",), name="proxy"
+        )
+    )
+    return url
+
+
+def trainer_settings(run: RunConfig) -> Any:
+    from fineenvs.train.grpo import GRPOTrainerSettings
+
+    t = run.trainer
+    assert isinstance(t, GRPOSpec)
+    return GRPOTrainerSettings(
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_steps,
+        max_steps=t.max_steps,
+        micro_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        loss_type=t.loss_type,
+        epsilon=t.epsilon,
+        epsilon_high=t.epsilon_high,
+        beta=t.beta,
+        normalisation=t.normalisation.value,
+        importance_sampling=t.importance_sampling.value,
+        importance_sampling_clip=t.importance_sampling_clip,
+        temperature=run.sampling.temperature,
+        max_grad_norm=t.max_grad_norm,
+        weight_decay=t.weight_decay,
+        optim=t.optim,
+        dtype=t.dtype,
+        gradient_checkpointing=t.gradient_checkpointing,
+        seed=run.seed,
+        token_budget=t.token_budget,
+    )
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    done = sorted(
+        (p for p in ckpt_root.glob("step-*") if (p / "COMPLETE").exists()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    return done[-1] if done else None
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class LoopStats:
+    steps: int = 0
+    groups: int = 0
+    attempts: int = 0
+    rows_trained: int = 0
+    stale_dropped: int = 0
+    no_signal: int = 0
+    empty_groups: int = 0
+    consecutive_empty: int = 0
+    weight_pushes: int = 0
+    rewards: list[float] = field(default_factory=list)
+    last_ratio: float | None = None
+    exit_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
+    """Per-harness reward/pass/tool/row/duration metrics for the groups of one step."""
+    by: dict[str, list[Any]] = defaultdict(list)
+    for g in groups:
+        by[g.planned.harness].extend(g.attempts)
+    out: dict[str, float] = {}
+    for h, attempts in by.items():
+        graded = [a.reward for a in attempts if a.reward is not None]
+        if graded:
+            out[metric_key("rollout", "reward_mean", h)] = statistics.fmean(graded)
+            out[metric_key("rollout", "reward_std", h)] = statistics.pstdev(graded)
+            out[metric_key("rollout", "pass_rate", h)] = sum(1 for r in graded if r > 0) / len(graded)
+        tools = [a.tool_calls for a in attempts if a.tool_calls is not None]
+        if tools:
+            out[metric_key("rollout", "tool_calls_mean", h)] = statistics.fmean(tools)
+        out[metric_key("rollout", "rows_per_attempt", h)] = statistics.fmean(len(a.rows) for a in attempts)
+        out[metric_key("rollout", "duration_s_mean", h)] = statistics.fmean(
+            a.duration_seconds for a in attempts
+        )
+        fracs = [
+            a.metrics["trainable_token_fraction"] for a in attempts if "trainable_token_fraction" in a.metrics
+        ]
+        if fracs:
+            out[metric_key("fidelity", "trainable_token_fraction", h)] = statistics.fmean(fracs)
+        out[metric_key("rollout", "ungraded", h)] = float(sum(1 for a in attempts if a.reward is None))
+    all_attempts = [a for g in groups for a in g.attempts]
+    terms: dict[str, list[float]] = defaultdict(list)
+    for a in all_attempts:
+        for k, v in a.reward_terms.items():
+            if v is not None:
+                terms[k].append(v)
+    for k, vs in terms.items():
+        out[f"reward/{k}/mean"] = statistics.fmean(vs)
+    graded_all = [a.reward for a in all_attempts if a.reward is not None]
+    if graded_all:
+        out["reward/mean"] = statistics.fmean(graded_all)
+        out["reward/std"] = statistics.pstdev(graded_all)
+    return out
+
+
+def _write_attempts(path: Path, group: GroupOutcome) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        for a in group.attempts:
+            rec = {k: v for k, v in asdict(a).items() if k != "rows"}
+            rec["rows"] = len(a.rows)
+            f.write(json.dumps(rec) + "\n")
+
+
+def run_rl(run: RunConfig) -> float:
+    return asyncio.run(_run_rl(run))
+
+
+async def _run_rl(run: RunConfig) -> float:
+    from fineenvs.engine import probe_engine, require_training_grade
+    from fineenvs.harnesses import check_installed
+    from fineenvs.rewards import build_reward_spec, compute_reward
+    from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
+    from fineenvs.train.grpo import CapturedGRPOTrainer
+    from fineenvs.trajectory import RowOptions
+
+    assert isinstance(run.trainer, GRPOSpec)
+    t, s = run.trainer, run.scheduler
+    out = Path(str(run.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    problems = check_installed(list(run.harness))
+    if problems:
+        raise RunAborted("harness CLIs missing:\n  " + "\n  ".join(problems))
+
+    tasks = load_run_tasks(run)
+    task_map = {task.task_id: task for task in tasks}
+    names = tuple(run.harness)
+    mix = HarnessMix(names, tuple(run.harness[n].weight for n in names))
+    schedule = build_schedule(
+        [task.task_id for task in tasks],
+        mix,
+        group_size=s.group_size,
+        passes=s.passes,
+        selection=s.harness_selection.value,
+        seed=s.seed,
+    )
+    digest = schedule_hash(schedule)
+    (out / "schedule.json").write_text(json.dumps({"hash": digest, "groups": [asdict(g) for g in schedule]}))
+    state_path = out / "rollout_state.json"
+    state = RolloutState.load_or_new(state_path, digest)
+    reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
+    rows_cfg = run.rows
+    row_options = RowOptions(
+        max_tokens=t.token_budget,
+        overlong=rows_cfg.overlong.value,
+        shared_prefix=rows_cfg.shared_prefix.value,
+        drop_discarded=rows_cfg.drop_discarded,
+        drop_auxiliary=rows_cfg.drop_auxiliary,
+    )
+    model_dir = resolve_model_dir(run)
+    stats = LoopStats()
+    started = time.monotonic()
+
+    with ExitStack() as stack:
+        engine = start_engine(run, model_dir, out, stack)
+        print(f"Built engine {engine.kind} on {engine.url} serving {engine.served_model_name}", flush=True)
+        report = await asyncio.to_thread(probe_engine, engine.url, engine.served_model_name)
+        print(f"Engine probe: grade={report.grade.value}", flush=True)
+        require_training_grade(report)
+        proxy_url = start_proxy(run, engine, out, stack)
+        print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
+        trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
+        ckpt_root = out / "checkpoints"
+        resume = latest_checkpoint(ckpt_root)
+        if resume is not None:
+            trainer.load_checkpoint(resume)
+            stats.steps = trainer.global_step
+            print(
+                f"Resumed from {resume} (step {stats.steps}, {len(state.consumed)} groups consumed)",
+                flush=True,
+            )
+        sync = effective_weight_sync(run)
+        if resume is not None and sync is not WeightSyncKind.none and engine.weight_sync is not None:
+            engine.weight_sync.push(trainer.export_weights(out / "weights"), trainer.policy_version)
+        logger = stack.enter_context(
+            MetricLogger(run.logger, out, run_name=run.experiment or "rl", config=run)
+        )
+        runner = ProxyAttemptRunner(
+            AttemptSettings(
+                proxy_url=proxy_url,
+                admin_key=run.proxy.admin_key,
+                served_model=engine.served_model_name,
+                attempts_dir=out / "attempts",
+                timeout_seconds=s.attempt_timeout_seconds,
+                max_model_calls=s.max_model_calls,
+                api_formats={n: h.api_format.value for n, h in run.harness.items()},
+                step_limits={n: h.step_limit for n, h in run.harness.items()},
+            ),
+            tasks=task_map,
+            reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
+            row_options=row_options,
+        )
+        scheduler = RolloutScheduler(
+            schedule,
+            runner,
+            max_inflight=s.max_inflight,
+            policy_version=lambda: trainer.policy_version,
+            skip=set(state.consumed),
+        )
+        rows_per_step = t.per_device_batch_size * t.gradient_accumulation_steps
+        pending_groups: list[GroupOutcome] = []
+        try:
+            async for group in scheduler.groups():
+                stats.groups += 1
+                stats.attempts += len(group.attempts)
+                _write_attempts(out / "attempts.jsonl", group)
+                for a in group.attempts:
+                    stats.exit_reasons[a.exit_reason] += 1
+                stats.rewards += [a.reward for a in group.attempts if a.reward is not None]
+                staleness = trainer.policy_version - group.policy_version
+                if staleness > s.max_staleness:
+                    stats.stale_dropped += 1
+                    state.mark(group.planned.group_id, "stale_dropped")
+                    continue
+                if len(group.graded) < 2:
+                    stats.no_signal += 1
+                    state.counters["no_signal"] = state.counters.get("no_signal", 0) + 1
+                trainable = len(group.graded) >= 2 and any(a.rows for a in group.graded)
+                if not trainable:
+                    stats.empty_groups += 1
+                    stats.consecutive_empty += 1
+                    state.mark(group.planned.group_id, "empty")
+                    if stats.consecutive_empty >= s.max_consecutive_empty_groups:
+                        reasons = ", ".join(f"{k}={v}" for k, v in sorted(stats.exit_reasons.items()))
+                        raise RunAborted(
+                            f"{stats.consecutive_empty} consecutive groups produced no trainable rows "
+                            f"(attempt exits so far: {reasons}). Check the agents' logs under {out / 'attempts'} "
+                            f"and the proxy log {out / 'proxy.log'}: agents that never reach the model are a "
+                            "wiring failure; groups with < 2 graded attempts give no signal."
+                        )
+                    continue
+                stats.consecutive_empty = 0
+                pending_groups.append(group)
+                waiting = sum(len(a.rows) for g in pending_groups for a in g.graded)
+                if waiting < rows_per_step:
+                    continue
+                pending = _stamp_rows(pending_groups, t.scale_rewards)
+                metrics = await asyncio.to_thread(trainer.step, pending)
+                stats.steps = trainer.global_step
+                stats.rows_trained += len(pending)
+                stats.last_ratio = metrics.get("train/ratio")
+                for g in pending_groups:
+                    state.mark(g.planned.group_id, "trained")
+                if (
+                    sync is not WeightSyncKind.none
+                    and engine.weight_sync is not None
+                    and stats.steps % t.weight_sync_interval == 0
+                ):
+                    weights = await asyncio.to_thread(trainer.export_weights, out / "weights")
+                    await asyncio.to_thread(engine.weight_sync.push, weights, trainer.policy_version)
+                    stats.weight_pushes += 1
+                metrics.update(group_metrics(pending_groups))
+                metrics.update(
+                    {
+                        "rollout/groups_stale_dropped": float(stats.stale_dropped),
+                        "rollout/groups_no_signal": float(stats.no_signal),
+                        "rollout/groups_empty": float(stats.empty_groups),
+                        "rollout/inflight": float(scheduler.inflight),
+                        "train/policy_version": float(trainer.policy_version),
+                    }
+                )
+                logger.log(metrics, step=stats.steps)
+                _progress(stats, t.max_steps, started, metrics)
+                pending_groups = []
+                if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
+                    ckpt = ckpt_root / f"step-{stats.steps}"
+                    await asyncio.to_thread(trainer.save_checkpoint, ckpt)
+                    state.save(ckpt / "rollout_state.json")
+                    (ckpt / "COMPLETE").write_text("ok\n")
+                    state.save(state_path)
+                if stats.steps >= t.max_steps:
+                    break
+        finally:
+            state.save(state_path)
+            await runner.aclose()
+    return _summary(run, stats, out, started)
+
+
+def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
+    """Every trainable row of every graded attempt, stamped with its attempt's advantage."""
+    from fineenvs.train.rows import TrainRow, group_advantages, reward_std
+
+    batch_std = reward_std([a.reward for g in groups for a in g.attempts]) if scale == "batch" else None
+    rows = []
+    for g in groups:
+        advantages = group_advantages([a.reward for a in g.attempts], scale, batch_std=batch_std)
+        for a, adv in zip(g.attempts, advantages, strict=True):
+            if adv is None:
+                continue
+            rows += [
+                TrainRow.from_row(
+                    r,
+                    advantage=adv,
+                    attempt_id=a.attempt_id,
+                    group_id=a.group_id,
+                    policy_version=a.policy_version,
+                )
+                for r in a.rows
+            ]
+    return rows
+
+
+def _progress(stats: LoopStats, max_steps: int, started: float, metrics: dict[str, Any]) -> None:
+    elapsed = time.monotonic() - started
+    eta = elapsed / max(stats.steps, 1) * max(max_steps - stats.steps, 0)
+    reward = metrics.get("reward/mean")
+    ratio = metrics.get("train/ratio")
+    print(
+        f"step {stats.steps}/{max_steps} | groups {stats.groups} | attempts {stats.attempts} | "
+        f"reward {reward if reward is None else f'{reward:.3f}'} | ratio {ratio if ratio is None else f'{ratio:.5f}'} | "
+        f"elapsed {elapsed:.0f}s | eta {eta:.0f}s",
+        flush=True,
+    )
+
+
+def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> float:
+    mean_reward = statistics.fmean(stats.rewards) if stats.rewards else 0.0
+    summary = {
+        "steps": stats.steps,
+        "groups": stats.groups,
+        "attempts": stats.attempts,
+        "rows_trained": stats.rows_trained,
+        "mean_reward": mean_reward,
+        "last_ratio": stats.last_ratio,
+        "stale_groups_dropped": stats.stale_dropped,
+        "groups_without_signal": stats.no_signal,
+        "groups_without_rows": stats.empty_groups,
+        "weight_pushes": stats.weight_pushes,
+        "attempt_exits": dict(stats.exit_reasons),
+        "seconds": round(time.monotonic() - started, 1),
+        "output_dir": str(out),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("\nfineenvs run summary")
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+    return mean_reward

@@ -1,0 +1,195 @@
+"""One attempt, end to end: proxy session → real agent CLI in its sandbox → grade → reward → rows.
+
+``ProxyAttemptRunner`` is the scheduler's ``AttemptRunner`` for real runs. It talks to the capture
+proxy over its control plane (the proxy is a separate process: a crash of this one loses no
+recorded call), runs the agent in a worker thread (``fineenvs.harnesses.sandbox.run_attempt``),
+grades ``answer.txt`` outside the sandbox (the agent never sees the gold answer), computes the
+reward (``None`` when no grade is possible — never a silent 0), and turns the session's recorded
+calls into training rows with the run's row options. Everything that goes wrong is returned as a
+value on the ``AttemptOutcome``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fineenvs.rollout.schedule import PlannedGroup
+from fineenvs.rollout.scheduler import AttemptOutcome
+
+
+@dataclass
+class AttemptSettings:
+    proxy_url: str
+    admin_key: str | None
+    served_model: str
+    attempts_dir: Path
+    timeout_seconds: float
+    max_model_calls: int
+    api_formats: dict[str, str]
+    """harness name -> wire format to use."""
+    step_limits: dict[str, int | None]
+    use_bwrap: bool = False
+
+
+class ProxyAttemptRunner:
+    def __init__(
+        self,
+        settings: AttemptSettings,
+        *,
+        tasks: dict[str, Any],
+        reward_fn: Any,
+        row_options: Any,
+    ) -> None:
+        self.settings = settings
+        self.tasks = tasks
+        self.reward_fn = reward_fn
+        self.row_options = row_options
+        headers = {"Authorization": f"Bearer {settings.admin_key}"} if settings.admin_key else {}
+        self.client = httpx.AsyncClient(base_url=settings.proxy_url, headers=headers, timeout=60.0)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:
+        from fineenvs.harnesses import get_harness
+        from fineenvs.harnesses.sandbox import ProxyStats, proxy_stats_from_rollout, run_attempt
+
+        s = self.settings
+        attempt_id = group.attempt_ids[attempt_index]
+        task = self.tasks[group.task_id]
+        outcome = AttemptOutcome(
+            attempt_id=attempt_id,
+            group_id=group.group_id,
+            task_id=group.task_id,
+            harness=group.harness,
+            policy_version=policy_version,
+            reward=None,
+        )
+        started = time.monotonic()
+        resp = await self.client.post(
+            "/sessions",
+            json={
+                "task": group.task_id,
+                "group": group.group_id,
+                "harness": group.harness,
+                "attempt": attempt_id,
+                "policy_version": policy_version,
+                "max_model_calls": s.max_model_calls,
+            },
+        )
+        resp.raise_for_status()
+        session = resp.json()
+        session_id = session["session_id"]
+        loop = asyncio.get_running_loop()
+
+        rollout: dict[str, Any] = {}
+
+        def proxy_stats() -> ProxyStats | None:
+            # Called from the worker thread once the agent's process group is gone: fetch what the
+            # proxy recorded (on the loop that owns the client).
+            fut = asyncio.run_coroutine_threadsafe(self.client.get(f"/sessions/{session_id}/rollout"), loop)
+            rollout.update(fut.result(timeout=60).json())
+            return proxy_stats_from_rollout(rollout)
+
+        attempt_dir = s.attempts_dir / group.group_id / attempt_id
+        result = await asyncio.to_thread(
+            run_attempt,
+            get_harness(group.harness),
+            task_prompt=task.instruction,
+            input_files=task.input_files,
+            attempt_dir=attempt_dir,
+            base_url=session["base_url"],
+            session_key=session["key"],
+            model=s.served_model,
+            api_format=s.api_formats.get(group.harness),
+            timeout_seconds=s.timeout_seconds,
+            step_limit=s.step_limits.get(group.harness),
+            use_bwrap=s.use_bwrap,
+            proxy_stats=proxy_stats,
+        )
+        outcome.exit_reason = result.exit_reason
+        outcome.model_calls = result.proxy_model_calls or 0
+        outcome.duration_seconds = time.monotonic() - started
+        # Tool calls: the agent's own log is the verified count (published: ATIF); the proxy's
+        # count of emitted tool calls is the fallback, and a disagreement leaves it unverified.
+        if result.native_tool_calls is not None:
+            outcome.tool_calls = result.native_tool_calls
+            outcome.tool_calls_verified = not result.tool_calls_disagree
+        else:
+            outcome.tool_calls = result.proxy_tool_calls
+            outcome.tool_calls_verified = False
+
+        if not rollout:
+            rollout = (await self.client.get(f"/sessions/{session_id}/rollout")).json()
+        calls = rollout.get("calls", [])
+        outcome.rows, outcome.metrics = self._rows(calls, outcome)
+
+        if result.exit_reason == "wiring_failure":
+            outcome.error = f"{group.harness} made no model call: wiring failure ({result.detail})"
+            return outcome
+        grade = await asyncio.to_thread(self._grade, task, attempt_dir / "work")
+        correct = grade.score
+        if correct is None:
+            outcome.error = f"ungraded: {grade.reason}"
+        reward = self.reward_fn(correct, outcome.tool_calls, outcome.tool_calls_verified)
+        outcome.reward = reward.reward
+        outcome.reward_terms = dict(reward.terms)
+        return outcome
+
+    def _grade(self, task: Any, workdir: Path) -> Any:
+        from fineenvs.tasks.grader import grade_workdir
+
+        return grade_workdir(task, workdir)
+
+    def _rows(self, calls: list[dict[str, Any]], outcome: AttemptOutcome) -> tuple[list[Any], dict[str, float]]:
+        from fineenvs.trajectory import build_session
+
+        nodes = calls_to_nodes(calls)
+        metadata = {
+            "attempt": outcome.attempt_id,
+            "group": outcome.group_id,
+            "task": outcome.task_id,
+            "harness": outcome.harness,
+            "policy_version": outcome.policy_version,
+        }
+        session = build_session(nodes, metadata, self.row_options)
+        m = session.metrics
+        metrics = {
+            "rows": float(m.n_rows),
+            "trainable_rows": float(m.n_trainable_rows),
+            "trainable_token_fraction": m.trainable_token_fraction,
+            "roots": float(m.n_roots),
+            "forks": float(m.n_forks),
+            "discarded": float(m.n_discarded),
+            "drift_breaks": float(len(m.drift_breaks)),
+            "sampled_tokens": float(m.sampled_tokens),
+        }
+        return session.training_rows(), metrics
+
+
+def calls_to_nodes(calls: list[dict[str, Any]]) -> list[Any]:
+    """The proxy's recorded calls (``GET /sessions/{id}/rollout``) as trajectory nodes."""
+    from fineenvs.trajectory import CallNode
+
+    return [
+        CallNode(
+            node_id=c["call_id"],
+            prompt_ids=list(c["prompt_ids"]),
+            sampled_ids=list(c["sampled_ids"]),
+            logprobs=c.get("logprobs"),
+            finish_reason=c.get("finish_reason"),
+            has_tools=bool(c.get("has_tools")),
+            arrival_index=int(c.get("index", i)),
+            weight_version=c.get("weight_version"),
+            harness_ids=dict(c.get("harness_ids") or {}),
+            metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
+            logprobs_aligned=bool(c.get("logprobs_aligned", True)),
+        )
+        for i, c in enumerate(calls)
+    ]
