@@ -29,7 +29,11 @@ Rules (all on token ids, never on re-rendered text):
   ``fork_threshold_tokens = 0``): the graph forks exactly at the first differing token and the
   sampled tokens of x are never overwritten by the re-rendered text; x's row ends at x and n's row
   continues from the common parent. Each break reports the token position in n's prompt, the
-  offset into x's sampled tokens and how many of x's sampled tokens did not carry over.
+  offset into x's sampled tokens and how many of x's sampled tokens did not carry over. One break
+  is reported per call n, against the sibling it nearly extended most (longest prompt, then
+  longest match, then earliest), so a harness that re-renders every turn has one break per turn.
+  Cost: recording the candidates scans the prompt marks on n's path since its parent's end, which
+  for such a harness (every call a root) is every earlier call, quadratic in its turns.
 
 Cost: ``add`` is linear in the call's new tokens plus one C-speed comparison of its prompt
 against the stored prefix; see ``_trie`` for why. Calls are stored as deltas against their parent
@@ -99,6 +103,9 @@ class TrajectoryGraph:
         self._entries: list[_Entry] = []
         self._index: dict[str, int] = {}
         self._drift_pairs: set[tuple[int, int]] = set()  # (x, n): n's prompt extends x's prompt
+        # Derived labels, dropped by add().
+        self._discarded_cache: frozenset[str] | None = None
+        self._drift_cache: list[tuple[int, int, int]] | None = None
         self._copied_tokens = 0
         self._prompt_tokens = 0
         for node in nodes:
@@ -113,6 +120,8 @@ class TrajectoryGraph:
                 f"call {node.node_id!r} was added twice to the same trajectory graph; node ids must be "
                 "unique within a session (the proxy derives them per call)"
             )
+        self._discarded_cache = None
+        self._drift_cache = None
         plen, slen = len(node.prompt_ids), len(node.sampled_ids)
         header = replace(node, prompt_ids=[], sampled_ids=[])
         entry = _Entry(header, plen, plen + slen)
@@ -305,8 +314,13 @@ class TrajectoryGraph:
 
     def discarded(self) -> set[str]:
         """Retries: see the module docstring for the exact rule."""
+        if self._discarded_cache is None:
+            self._discarded_cache = frozenset(self._compute_discarded())
+        return set(self._discarded_cache)
+
+    def _compute_discarded(self) -> set[str]:
         out: set[str] = set()
-        consumed = {(self._index[d.nearly_extends], self._index[d.node_id]) for d in self.drift_breaks()}
+        consumed = {(x, n) for x, n, _ in self._drifts()}
         groups: list[list[int]] = [sorted(e.children) for e in self._entries if len(e.children) > 1]
         root_groups: dict[int, list[int]] = {}
         for i, e in enumerate(self._entries):
@@ -356,10 +370,12 @@ class TrajectoryGraph:
             if (p := self._entries[i].parent) is not None and self._key(p) > self._key(i)
         ]
 
-    def drift_breaks(self) -> list[DriftBreak]:
-        """Re-rendered history: see "Drift rule" in the module docstring."""
-        out: list[DriftBreak] = []
-        for x, n in sorted(self._drift_pairs, key=lambda p: (self._key(p[1]), self._key(p[0]))):
+    def _drifts(self) -> list[tuple[int, int, int]]:
+        """Every confirmed ``(x, n, offset)``: n's prompt extends x's prompt, departs from x's sampled."""
+        if self._drift_cache is not None:
+            return self._drift_cache
+        out: list[tuple[int, int, int]] = []
+        for x, n in self._drift_pairs:
             ex, en = self._entries[x], self._entries[n]
             if ex.parent != en.parent or ex.prompt_len >= en.prompt_len or ex.sampled_len == 0:
                 continue
@@ -375,16 +391,40 @@ class TrajectoryGraph:
                 offset = k
             else:
                 offset = common_prefix(dx, a0, dn, a0, k)
+            out.append((x, n, offset))
+        self._drift_cache = out
+        return out
+
+    def drift_breaks(self) -> list[DriftBreak]:
+        """Re-rendered history, one break per call: see "Drift rule" in the module docstring.
+
+        When several siblings qualify (a harness that re-renders every turn), the break names the
+        one n nearly extended most: the longest prompt, then the longest match, then the earliest.
+        """
+        best: dict[int, tuple[int, int]] = {}
+        for x, n, offset in self._drifts():
+            cur = best.get(n)
+            if cur is None or self._nearer(x, offset, *cur):
+                best[n] = (x, offset)
+        out: list[DriftBreak] = []
+        for n in self._ordered(best):
+            x, offset = best[n]
+            ex = self._entries[x]
             out.append(
                 DriftBreak(
-                    node_id=en.header.node_id,
-                    nearly_extends=ex.header.node_id,
+                    node_id=self._id(n),
+                    nearly_extends=self._id(x),
                     position=ex.prompt_len + offset,
                     sampled_offset=offset,
                     lost_tokens=ex.sampled_len - offset,
                 )
             )
         return out
+
+    def _nearer(self, x: int, offset: int, y: int, y_offset: int) -> bool:
+        a = (self._entries[x].prompt_len, offset)
+        b = (self._entries[y].prompt_len, y_offset)
+        return a > b or (a == b and self._key(x) < self._key(y))
 
     def stats(self) -> GraphStats:
         roots = [i for i, e in enumerate(self._entries) if e.parent is None]
