@@ -38,6 +38,7 @@ from fineenvs.engine.vllm import (
 )
 from fineenvs.engine.weights import (
     EmbeddedWeightSync,
+    VLLMControlPlane,
     VLLMNcclWeightSync,
     VLLMReloadWeightSync,
     WeightSync,
@@ -55,6 +56,7 @@ __all__ = [
     "Grade",
     "ModelFamily",
     "ProbeReport",
+    "VLLMControlPlane",
     "VLLMNcclWeightSync",
     "VLLMReloadWeightSync",
     "VLLMServeArgs",

@@ -11,8 +11,10 @@ response; vLLM with ``return_weight_versions``), which is how staleness is count
   then ``/pause?mode=wait`` (in-flight requests finish on the old weights), ``/collective_rpc
   reload_weights``, ``/update_weight_version``, and always ``/resume``.
 - ``VLLMNcclWeightSync``: vLLM with ``--weight-transfer-config '{"backend":"nccl"}'``. Broadcasts
-  tensors GPU to GPU through vLLM's NCCL weight-transfer engine, imported only when the first push
-  happens (the trainer process then needs CUDA and an importable vllm).
+  tensors GPU to GPU with vLLM 0.33's ``NCCLTrainerWeightTransferEngine``, which drives the HTTP
+  routes through our ``VLLMControlPlane``; vllm is imported only when the first push happens (the
+  trainer process then needs CUDA and an importable vllm 0.33).
+  Written against the 0.33.0 wheel's source; not yet run on a GPU.
 
 Not covered: sharded (FSDP) state dicts (gather on rank 0 before calling ``push``), LoRA deltas,
 vLLM's IPC and sparse backends.
@@ -21,8 +23,7 @@ vLLM's IPC and sparse backends.
 from __future__ import annotations
 
 import shutil
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -166,35 +167,115 @@ class VLLMReloadWeightSync:
             self.client.close()
 
 
+class VLLMControlPlane:
+    """vLLM 0.33's ``VLLMWeightSyncClient`` protocol (four methods, structural) over our httpx
+    client, so vLLM's trainer engine drives the handshake through routes we can record and test.
+    ``finish_weight_update`` stamps the version being pushed: vLLM's engine calls it without one."""
+
+    def __init__(self, url: str, client: httpx.Client) -> None:
+        self.url = url.rstrip("/")
+        self.client = client
+        self.pending_version: str | None = None
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        _check(self.client.post(self.url + path, json=body), path.lstrip("/"))
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._post("/start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._post("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("/finish_weight_update", {"weight_version": weight_version or self.pending_version})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._post("/shutdown_weight_transfer_engine")
+
+
 class NcclTransport(Protocol):
-    """Trainer side of the NCCL data plane (the HTTP control plane lives in VLLMNcclWeightSync)."""
+    """Trainer side of the NCCL transfer; calls the control plane in vLLM's order."""
 
-    def init(self, master_address: str, master_port: int, world_size: int) -> None: ...
+    def connect(
+        self,
+        control: VLLMControlPlane,
+        *,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        weights: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Rendezvous: ``control.init_weight_transfer_engine`` concurrently with the trainer endpoint."""
+        ...
 
-    def send(self, items: Iterable[tuple[str, torch.Tensor]], packed: bool) -> None: ...
+    def send(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """One round: ``start_weight_update``, ``update_weights`` alongside the broadcast, ``finish``."""
+        ...
+
+    def shutdown(self) -> None: ...
 
 
 class VLLMNcclTransport:
-    """vLLM's ``NCCLWeightTransferEngine`` trainer helpers, imported on first use only."""
+    """vLLM 0.33's ``NCCLTrainerWeightTransferEngine`` (imported on first use) over a state dict.
 
-    def __init__(self) -> None:
-        self._group: Any = None
+    The engine replays one ``WeightSource`` each round; ours reads whichever state dict was pushed
+    last, so names, dtypes and shapes must stay the same from push to push (vLLM checks it).
+    Tensors must be on the trainer's GPU: NCCL broadcasts device memory."""
 
-    def init(self, master_address: str, master_port: int, world_size: int) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+    def __init__(self, packed: bool = True) -> None:
+        self.packed = packed
+        self._engine: Any = None
+        self._source: Any = None
 
-        self._group = NCCLWeightTransferEngine.trainer_init(
-            {"master_address": master_address, "master_port": master_port, "world_size": world_size}
-        )
-
-    def send(self, items: Iterable[tuple[str, torch.Tensor]], packed: bool) -> None:
+    def connect(
+        self,
+        control: VLLMControlPlane,
+        *,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        weights: Mapping[str, torch.Tensor],
+    ) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerSendWeightsArgs,
-            NCCLWeightTransferEngine,
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
         )
 
-        args = NCCLTrainerSendWeightsArgs(group=self._group, packed=packed)
-        NCCLWeightTransferEngine.trainer_send_weights(iterator=iter(items), trainer_args=args)
+        self._source = _state_dict_source(weights)
+        init = NCCLTrainerInitInfo(
+            master_address=master_address, master_port=master_port, world_size=world_size, packed=self.packed
+        )
+        self._engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=control, source=self._source)
+
+    def send(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self._source.current = weights
+        self._engine.send_weights()
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+
+
+def _state_dict_source(weights: Mapping[str, torch.Tensor]) -> Any:
+    from functools import cached_property
+
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class StateDictSource(WeightSource):  # type: ignore[misc]
+        def __init__(self, current: Mapping[str, torch.Tensor]) -> None:
+            self.current = current
+
+        @cached_property
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.current.items()]
+
+        def iter_full(self) -> Iterable[tuple[str, torch.Tensor]]:
+            yield from self.current.items()
+
+    return StateDictSource(weights)
 
 
 @dataclass
@@ -207,7 +288,9 @@ class NcclEndpoint:
 
 
 class VLLMNcclWeightSync:
-    """Native vLLM weight transfer: HTTP control plane, NCCL broadcast of the tensors."""
+    """Native vLLM weight transfer: HTTP control plane, NCCL broadcast of the tensors. The first
+    push joins the NCCL group (``/get_world_size`` + the rendezvous); every push drains in-flight
+    requests (``/pause?mode=wait``), sends, stamps the version, and always resumes."""
 
     def __init__(
         self,
@@ -216,63 +299,27 @@ class VLLMNcclWeightSync:
         endpoint: NcclEndpoint | None = None,
         client: httpx.Client | None = None,
         transport: NcclTransport | None = None,
-        packed: bool = True,
         timeout_s: float = 1800.0,
     ) -> None:
         self.url = url.rstrip("/")
         self.endpoint = endpoint or NcclEndpoint()
         self._own_client = client is None
         self.client = client or httpx.Client(timeout=timeout_s)
+        self.control = VLLMControlPlane(self.url, self.client)
         self.transport = transport or VLLMNcclTransport()
-        self.packed = packed
-        self._ready = False
+        self._connected = False
 
-    def _post_in_thread(
-        self, path: str, body: dict[str, Any], errors: list[BaseException]
-    ) -> threading.Thread:
-        # These calls block server-side until the trainer joins the collective, so they run
-        # concurrently with the trainer's half of the handshake.
-        def call() -> None:
-            try:
-                _check(self.client.post(self.url + path, json=body), path.lstrip("/"))
-            except BaseException as exc:  # re-raised on the caller's thread after join
-                errors.append(exc)
-
-        thread = threading.Thread(target=call, name=f"vllm{path}", daemon=True)
-        thread.start()
-        return thread
-
-    def _join(self, thread: threading.Thread, errors: list[BaseException]) -> None:
-        thread.join()
-        if errors:
-            raise errors[0]
-
-    def init(self) -> None:
-        inference_world = int(
-            _check(self.client.get(self.url + "/get_world_size"), "get_world_size").json()["world_size"]
-        )
+    def _connect(self, weights: Mapping[str, torch.Tensor]) -> None:
+        answer = _check(self.client.get(self.url + "/get_world_size"), "get_world_size").json()
         port = self.endpoint.master_port or free_port(self.endpoint.master_address)
-        world_size = inference_world + 1  # the trainer is rank 0, vLLM's workers follow
-        init_info = {
-            "master_address": self.endpoint.master_address,
-            "master_port": port,
-            "rank_offset": 1,
-            "world_size": world_size,
-        }
-        errors: list[BaseException] = []
-        thread = self._post_in_thread("/init_weight_transfer_engine", {"init_info": init_info}, errors)
-        self._run_transport_side(
-            lambda: self.transport.init(self.endpoint.master_address, port, world_size), thread, errors
+        self.transport.connect(
+            self.control,
+            master_address=self.endpoint.master_address,
+            master_port=port,
+            world_size=int(answer["world_size"]) + 1,  # the trainer is rank 0, vLLM's workers follow
+            weights=weights,
         )
-        self._ready = True
-
-    def _run_transport_side(
-        self, trainer_side: Callable[[], None], thread: threading.Thread, errors: list[BaseException]
-    ) -> None:
-        try:
-            trainer_side()
-        finally:
-            self._join(thread, errors)
+        self._connected = True
 
     def push(self, weights: Weights, version: int) -> int:
         if isinstance(weights, Path):
@@ -280,37 +327,24 @@ class VLLMNcclWeightSync:
                 f"VLLMNcclWeightSync broadcasts in-memory tensors, not checkpoint directories ({weights}). "
                 "Pass the state dict, or use engine.weight_sync=reload to load a checkpoint from disk."
             )
-        if not self._ready:
-            self.init()
-        items = list(weights.items())
-        update_info = {
-            "names": [name for name, _ in items],
-            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in items],
-            "shapes": [list(t.shape) for _, t in items],
-            "packed": self.packed,
-        }
+        if not self._connected:
+            self._connect(weights)
         _check(self.client.post(self.url + "/pause", params={"mode": "wait"}), "pause (drain in-flight)")
         try:
-            _check(
-                self.client.post(self.url + "/start_weight_update", json={"is_checkpoint_format": True}),
-                "start_weight_update",
-            )
-            errors: list[BaseException] = []
-            thread = self._post_in_thread("/update_weights", {"update_info": update_info}, errors)
-            self._run_transport_side(lambda: self.transport.send(items, self.packed), thread, errors)
-            _check(
-                self.client.post(self.url + "/finish_weight_update", json={"weight_version": str(version)}),
-                "finish_weight_update",
-            )
+            self.control.pending_version = str(version)
+            self.transport.send(weights)
         finally:
+            self.control.pending_version = None
             _check(self.client.post(self.url + "/resume"), "resume")
         return version
 
     def close(self) -> None:
-        if self._ready:
-            try:
-                self.client.post(self.url + "/shutdown_weight_transfer_engine")
-            except httpx.HTTPError:
-                pass  # the server may already be gone at shutdown
-        if self._own_client:
-            self.client.close()
+        try:
+            if self._connected:
+                self.transport.shutdown()
+                self.control.shutdown_weight_transfer_engine()
+        except (httpx.HTTPError, WeightSyncError):
+            pass  # the server may already be gone at shutdown
+        finally:
+            if self._own_client:
+                self.client.close()

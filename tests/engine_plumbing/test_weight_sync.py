@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from fineenvs.engine.weights import (
     EmbeddedWeightSync,
     NcclEndpoint,
+    VLLMControlPlane,
     VLLMNcclWeightSync,
     VLLMReloadWeightSync,
     WeightSyncError,
@@ -108,15 +109,55 @@ def test_vllm_reload_resumes_even_when_reload_fails(tmp_path: Path) -> None:
 
 
 class FakeNccl:
+    """Calls the control plane the way vLLM 0.33's NCCLTrainerWeightTransferEngine does
+    (trainer_init: init RPC in a thread during the rendezvous; send_weights: start, update in a
+    thread alongside the broadcast, finish without a version)."""
+
     def __init__(self) -> None:
-        self.inits: list[tuple[str, int, int]] = []
-        self.sent: list[tuple[list[str], bool]] = []
+        self.control: VLLMControlPlane | None = None
+        self.connected: list[tuple[str, int, int]] = []
+        self.sent: list[list[str]] = []
 
-    def init(self, master_address: str, master_port: int, world_size: int) -> None:
-        self.inits.append((master_address, master_port, world_size))
+    def connect(
+        self,
+        control: VLLMControlPlane,
+        *,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        weights: Mapping[str, torch.Tensor],
+    ) -> None:
+        self.control = control
+        self.connected.append((master_address, master_port, world_size))
+        payload = {"master_address": master_address, "master_port": master_port, "rank_offset": 1,
+                   "world_size": world_size, "packed": True}  # fmt: skip
+        thread = threading.Thread(target=control.init_weight_transfer_engine, args=(payload,))
+        thread.start()
+        thread.join()
 
-    def send(self, items: Iterable[tuple[str, torch.Tensor]], packed: bool) -> None:
-        self.sent.append(([name for name, _ in items], packed))
+    def send(self, weights: Mapping[str, torch.Tensor]) -> None:
+        assert self.control is not None
+        self.control.start_weight_update()
+        info = {"names": list(weights), "dtype_names": [str(t.dtype).split(".")[-1] for t in weights.values()],
+                "shapes": [list(t.shape) for t in weights.values()]}  # fmt: skip
+        errors: list[BaseException] = []
+
+        def update() -> None:
+            try:
+                self.control.update_weights(info)  # type: ignore[union-attr]
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=update)
+        thread.start()
+        self.sent.append(list(weights))  # the broadcast would happen here
+        thread.join()
+        if errors:
+            raise errors[0]
+        self.control.finish_weight_update()
+
+    def shutdown(self) -> None:
+        pass
 
 
 def test_vllm_nccl_sequence() -> None:
@@ -129,21 +170,15 @@ def test_vllm_nccl_sequence() -> None:
     assert sync.push(weights, 4) == 4
     assert rec.paths[:2] == ["/get_world_size", "/init_weight_transfer_engine"]
     update = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume"]
-    assert rec.paths[2:] == update + update, "init happens once, then one handshake per push"
-    assert rec.calls[1][3] == {
-        "init_info": {"master_address": "10.0.0.1", "master_port": 29555, "rank_offset": 1, "world_size": 3}
-    }
-    assert nccl.inits == [("10.0.0.1", 29555, 3)]
+    assert rec.paths[2:] == update + update, "connect once, then one drained handshake per push"
+    assert nccl.connected == [("10.0.0.1", 29555, 3)]  # vLLM world size 2 + the trainer
+    assert rec.calls[1][3]["init_info"]["world_size"] == 3
+    assert rec.calls[2][2] == {"mode": "wait"}
     assert rec.calls[4][3] == {
-        "update_info": {
-            "names": ["a", "b"],
-            "dtype_names": ["bfloat16", "float32"],
-            "shapes": [[2, 3], [4]],
-            "packed": True,
-        }
+        "update_info": {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"], "shapes": [[2, 3], [4]]}
     }
-    assert rec.calls[5][3] == {"weight_version": "3"} and rec.calls[2][2] == {"mode": "wait"}
-    assert nccl.sent == [(["a", "b"], True), (["a", "b"], True)]
+    assert rec.calls[5][3] == {"weight_version": "3"} and rec.calls[10][3] == {"weight_version": "4"}
+    assert nccl.sent == [["a", "b"], ["a", "b"]]
     sync.close()
     assert rec.paths[-1] == "/shutdown_weight_transfer_engine"
 
@@ -154,6 +189,7 @@ def test_vllm_nccl_resumes_after_a_failed_update_and_refuses_checkpoint_dirs(tmp
     with pytest.raises(WeightSyncError, match="update_weights"):
         sync.push({"a": torch.zeros(1)}, 1)
     assert rec.paths[-1] == "/resume" and "/finish_weight_update" not in rec.paths
+    assert sync.control.pending_version is None
     with pytest.raises(ValueError, match="engine.weight_sync=reload"):
         sync.push(tmp_path, 2)
 
@@ -163,5 +199,6 @@ def test_nccl_transport_imports_vllm_only_when_used() -> None:
     from fineenvs.engine.weights import VLLMNcclTransport
 
     transport = VLLMNcclTransport()  # constructing must not need vllm
+    control = VLLMControlPlane("http://vllm", httpx.Client(transport=httpx.MockTransport(Recorder())))
     with pytest.raises(ModuleNotFoundError, match="vllm"):
-        transport.init("127.0.0.1", 1, 2)
+        transport.connect(control, master_address="127.0.0.1", master_port=1, world_size=2, weights={})
