@@ -77,6 +77,8 @@ class Harness(ABC):
     extra_requirements: tuple[str, ...] = ()
     # Whether the agent honours a step limit we can set (only then is step_limit passed through).
     honours_step_limit: bool = False
+    # PyPI agents whose releases need a newer Python than the project's name it here ("3.12").
+    python_version: str | None = None
 
     # ------------------------------------------------------------------ install layout
     @property

@@ -62,6 +62,9 @@ class Cline(Harness):
                             "model": model,
                             "baseUrl": with_v1(base_url),
                         },
+                        # Without updatedAt the entry fails cline's schema and it falls back to
+                        # its own hosted provider.
+                        "updatedAt": "2026-01-01T00:00:00.000Z",
                         "tokenSource": "manual",
                     }
                 },
@@ -78,19 +81,15 @@ class Cline(Harness):
         api_format: str,
         step_limit: int | None = None,
     ) -> list[str]:
+        # No -P/-m: passing the provider on the command line drops the baseUrl of providers.json
+        # (cline then connects to its default endpoint); lastUsedProvider selects it instead.
         return [
             str(self.binary_path),
             "--json",
             "--auto-approve",
             "true",
-            "-P",
-            PROVIDER,
-            "-m",
-            model,
             "-c",
             str(workdir),
-            "--data-dir",
-            str(self.data_dir(home)),
             "--compaction",
             "off",
             task_prompt,
@@ -107,7 +106,8 @@ class Cline(Harness):
         api_format: str,
     ) -> dict[str, str]:
         env = self.base_env(home)
-        env.update({"CLINE_DIR": str(home / ".cline"), "CLINE_DATA_DIR": str(self.data_dir(home))})
+        # No CLINE_DIR/CLINE_DATA_DIR/--data-dir: with any of them cline ignores providers.json and
+        # falls back to its hosted provider. The fresh HOME isolates ~/.cline instead.
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
@@ -115,14 +115,12 @@ class Cline(Harness):
         tool_calls = 0
         final: str | None = None
         for ev in events:
-            kind = str(ev.get("type") or ev.get("say") or ev.get("ask") or "")
-            if kind in ("tool", "command", "tool_call", "tool_use"):
-                tool_calls += 1
-            text = ev.get("text")
-            if (
-                kind in ("text", "completion_result", "assistant", "result")
-                and isinstance(text, str)
-                and text.strip()
-            ):
-                final = text
-        return Outputs(final_text=final, native_tool_calls=tool_calls if events else None, detail="--json")
+            inner = ev.get("event") if isinstance(ev.get("event"), dict) else {}
+            if ev.get("type") == "agent_event" and inner.get("type") == "iteration_end":
+                count = inner.get("toolCallCount")
+                tool_calls += count if isinstance(count, int) else 0
+            elif ev.get("type") == "run_result" and isinstance(ev.get("text"), str):
+                final = ev["text"]
+        return Outputs(
+            final_text=final, native_tool_calls=tool_calls if events else None, detail="--json events"
+        )

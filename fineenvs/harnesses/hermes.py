@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from fineenvs.harnesses.base import (
@@ -105,18 +107,20 @@ class Hermes(Harness):
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
         final = read_text(attempt_dir / "stdout.txt").strip() or None
-        tool_calls: int | None = None
-        sessions = attempt_dir / "home" / ".hermes" / "sessions"
-        for path in sorted(sessions.glob("*.json")) if sessions.is_dir() else []:
+        db = attempt_dir / "home" / ".hermes" / "state.db"
+        if not db.is_file():
+            return Outputs(final_text=final, native_tool_calls=None, detail=f"no {db}")
+        # Hermes keeps its transcript in SQLite: one row per message, tool_calls as a JSON list.
+        tool_calls = 0
+        try:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                rows = conn.execute("SELECT tool_calls FROM messages WHERE role = 'assistant'").fetchall()
+        except sqlite3.Error as exc:
+            return Outputs(final_text=final, native_tool_calls=None, detail=f"state.db unreadable: {exc}")
+        for (raw,) in rows:
             try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
+                calls = json.loads(raw) if raw else []
+            except ValueError:
                 continue
-            messages = data.get("messages") if isinstance(data, dict) else None
-            if isinstance(messages, list):
-                tool_calls = (tool_calls or 0) + sum(
-                    len(m.get("tool_calls") or [])
-                    for m in messages
-                    if isinstance(m, dict) and m.get("role") == "assistant"
-                )
-        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="stdout + ~/.hermes/sessions")
+            tool_calls += len(calls) if isinstance(calls, list) else 0
+        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="stdout + ~/.hermes/state.db")

@@ -31,8 +31,29 @@ class InstallError(RuntimeError):
     """An install command failed; the message names the harness, the command and the log file."""
 
 
-def base_python() -> str:
+def find_python(version: str) -> str:
+    """An interpreter of ``version`` ("3.12"): a pyenv install (this machine kind has them), else PATH.
+
+    pyenv's shims are skipped: they answer only for the globally selected versions.
+    """
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for cand in sorted(root.glob(f"{version}.*"), reverse=True):
+        exe = cand / "bin" / f"python{version}"
+        if exe.exists():
+            return str(exe)
+    found = shutil.which(f"python{version}")
+    if found and "/shims/" not in found:
+        return found
+    raise InstallError(
+        f"no Python {version} interpreter found (looked in ~/.pyenv/versions and for python{version} on PATH); "
+        f"install one, e.g. `pyenv install {version}`"
+    )
+
+
+def base_python(version: str | None = None) -> str:
     """The system interpreter, not this project's venv (a venv of a venv would inherit its paths)."""
+    if version is not None:
+        return find_python(version)
     base = getattr(sys, "_base_executable", None)
     if base and Path(base).exists():
         return str(base)
@@ -84,7 +105,7 @@ def _install_into(h: Harness, tmp: Path, log: Path) -> None:
         )
         return
     venv = tmp / "venv"
-    _run([base_python(), "-m", "venv", str(venv)], log=log)
+    _run([base_python(h.python_version), "-m", "venv", str(venv)], log=log)
     constraints = tmp / "constraints.txt"
     constraints.write_text(PIP_CONSTRAINTS)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]

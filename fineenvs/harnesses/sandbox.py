@@ -216,10 +216,20 @@ def run_attempt(
             shutil.copy2(src, dest)
 
     harness.write_config(
-        home, workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt, step_limit=step_limit
+        home,
+        workdir,
+        base_url=base_url,
+        session_key=session_key,
+        model=model,
+        api_format=fmt,
+        step_limit=step_limit,
     )
-    argv = harness.command(task_prompt, home=home, workdir=workdir, model=model, api_format=fmt, step_limit=step_limit)
-    env = harness.env(home=home, workdir=workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt)
+    argv = harness.command(
+        task_prompt, home=home, workdir=workdir, model=model, api_format=fmt, step_limit=step_limit
+    )
+    env = harness.env(
+        home=home, workdir=workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt
+    )
     marker = uuid.uuid4().hex
     env[MARKER_ENV] = marker
 
@@ -282,7 +292,11 @@ def run_attempt(
     if detail and reason == "finished":
         reason = "crashed"
     proxy_tools = stats.tool_calls if stats is not None else None
-    disagree = proxy_tools is not None and outputs.native_tool_calls is not None and proxy_tools != outputs.native_tool_calls
+    disagree = (
+        proxy_tools is not None
+        and outputs.native_tool_calls is not None
+        and proxy_tools != outputs.native_tool_calls
+    )
     result = AttemptResult(
         harness=harness.name,
         exit_reason=reason,

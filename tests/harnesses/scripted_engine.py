@@ -42,6 +42,7 @@ SHELL_TOOLS = (
     "shell",
     "execute_bash",
     "run_command",
+    "run_commands",
 )
 COMMAND_KEYS = ("command", "cmd", "commands", "code", "script", "input")
 
@@ -120,7 +121,10 @@ def decide(body: dict[str, Any]) -> dict[str, Any]:
                 {
                     "id": f"call_{digest}",
                     "type": "function",
-                    "function": {"name": _tool_name(shell), "arguments": json.dumps(shell_arguments(shell, command))},
+                    "function": {
+                        "name": _tool_name(shell),
+                        "arguments": json.dumps(shell_arguments(shell, command)),
+                    },
                 }
             ],
         }
@@ -170,7 +174,9 @@ class Tokenizer:
 class ScriptedEngine:
     """The HTTP server (a thread); ``requests`` keeps every request body it answered."""
 
-    def __init__(self, *, port: int = 0, tokenizer_model: str = "tiny_qwen", served_model: str = "tiny_qwen") -> None:
+    def __init__(
+        self, *, port: int = 0, tokenizer_model: str = "tiny_qwen", served_model: str = "tiny_qwen"
+    ) -> None:
         self.tokenizer = Tokenizer(tokenizer_model)
         self.served_model = served_model
         self.requests: list[dict[str, Any]] = []
@@ -192,7 +198,13 @@ class ScriptedEngine:
                 if self.path.rstrip("/") in ("/health", ""):
                     self._send(200, {"status": "ok"})
                 elif self.path.startswith("/v1/models"):
-                    self._send(200, {"object": "list", "data": [{"id": engine.served_model, "object": "model", "max_model_len": 32768}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": engine.served_model, "object": "model", "max_model_len": 32768}],
+                        },
+                    )
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -218,7 +230,10 @@ class ScriptedEngine:
         message = decide(body)
         prompt = self.tokenizer.prompt_ids(body.get("messages") or [], body.get("tools"))
         sampled = self.tokenizer.completion_ids(message)
-        logprobs = [{"token": f"token_id:{t}", "logprob": -0.01 * (1 + t % 9), "bytes": None, "top_logprobs": []} for t in sampled]
+        logprobs = [
+            {"token": f"token_id:{t}", "logprob": -0.01 * (1 + t % 9), "bytes": None, "top_logprobs": []}
+            for t in sampled
+        ]
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         return {
             "id": f"chatcmpl-{len(self.requests)}",
@@ -235,7 +250,11 @@ class ScriptedEngine:
                     "logprobs": {"content": logprobs},
                 }
             ],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(sampled), "total_tokens": len(prompt) + len(sampled)},
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(sampled),
+                "total_tokens": len(prompt) + len(sampled),
+            },
         }
 
     def start(self) -> ScriptedEngine:
@@ -253,7 +272,9 @@ def main() -> None:
     parser.add_argument("--tokenizer-model", default="tiny_qwen")
     parser.add_argument("--served-model", default="tiny_qwen")
     args = parser.parse_args()
-    engine = ScriptedEngine(port=args.port, tokenizer_model=args.tokenizer_model, served_model=args.served_model)
+    engine = ScriptedEngine(
+        port=args.port, tokenizer_model=args.tokenizer_model, served_model=args.served_model
+    )
     print(f"scripted engine on {engine.url}", flush=True)
     engine.server.serve_forever()
 

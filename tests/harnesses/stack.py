@@ -40,9 +40,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_json(method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 30) -> Any:
+def http_json(
+    method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 30
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -72,8 +76,18 @@ class Proxy:
         return out
 
     def rollout(self, session_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = http_json("GET", f"{self.url}/sessions/{session_id}/rollout", headers=self._auth())
-        return out
+        """The session's stats and calls: the rollout route, else the stats route plus the store."""
+        try:
+            out: dict[str, Any] = http_json(
+                "GET", f"{self.url}/sessions/{session_id}/rollout", headers=self._auth()
+            )
+            return out
+        except urllib.error.HTTPError:
+            from fineenvs.proxy.store import CallStore
+
+            stats = http_json("GET", f"{self.url}/sessions/{session_id}", headers=self._auth())
+            data = CallStore(self.store_dir, fsync=False).read_session(session_id)
+            return {"session": stats, "calls": data["calls"], "events": data["events"], "via": "store"}
 
     def _auth(self) -> dict[str, str]:
         return {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -98,7 +112,16 @@ def start_proxy(engine_url: str, served_model: str, store_dir: Path) -> Proxy:
             "--port", str(port), "--store-dir", str(store_dir), "--admin-key", ADMIN_KEY,
         ]  # fmt: skip
     else:
-        cmd = [sys.executable, "-c", _LAUNCH_APP, engine_url, served_model, str(port), str(store_dir), ADMIN_KEY]
+        cmd = [
+            sys.executable,
+            "-c",
+            _LAUNCH_APP,
+            engine_url,
+            served_model,
+            str(port),
+            str(store_dir),
+            ADMIN_KEY,
+        ]
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
@@ -126,7 +149,18 @@ class EmbeddedEngine:
 
 def start_embedded_engine(model: str, log: Path) -> EmbeddedEngine:
     port = free_port()
-    cmd = [sys.executable, "-m", "fineenvs.engine", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fineenvs.engine",
+        "serve",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -134,5 +168,7 @@ def start_embedded_engine(model: str, log: Path) -> EmbeddedEngine:
         wait_http(f"{url}/health", 180, proc)
     except Exception:
         proc.kill()
-        raise RuntimeError(f"embedded engine did not start: {log.read_text(errors='replace')[-3000:]}") from None
+        raise RuntimeError(
+            f"embedded engine did not start: {log.read_text(errors='replace')[-3000:]}"
+        ) from None
     return EmbeddedEngine(url=url, proc=proc)

@@ -1,0 +1,235 @@
+"""Config, environment and command line of every harness: right wiring, no secret from the parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fineenvs.harnesses import HARNESSES, REPLACED, Harness, HarnessConfigError, check_installed, get_harness
+from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, API_FORMATS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES
+
+BASE = "http://127.0.0.1:18100/s/sessKEY123"
+KEY = "sessKEY123"
+MODEL = "tiny_qwen"
+SECRETS = {
+    "OPENAI_API_KEY": "sk-LEAK-openai",
+    "ANTHROPIC_API_KEY": "sk-ant-LEAK",
+    "GEMINI_API_KEY": "LEAK-gemini",
+    "GOOGLE_API_KEY": "LEAK-google",
+    "HF_TOKEN": "hf_LEAK",
+    "AWS_SECRET_ACCESS_KEY": "LEAK-aws",
+    "GITHUB_TOKEN": "ghp_LEAK",
+    "WANDB_API_KEY": "LEAK-wandb",
+    "OPENAI_BASE_URL": "https://LEAK.example/v1",
+}
+CASES = [(name, fmt) for name, h in HARNESSES.items() for fmt in h.api_formats]
+
+
+@pytest.fixture(autouse=True)
+def parent_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+
+
+def build(
+    h: Harness, tmp_path: Path, fmt: str, step_limit: int | None = 7
+) -> tuple[Path, Path, dict[str, str], list[str]]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    h.write_config(
+        home, work, base_url=BASE, session_key=KEY, model=MODEL, api_format=fmt, step_limit=step_limit
+    )
+    env = h.env(home=home, workdir=work, base_url=BASE, session_key=KEY, model=MODEL, api_format=fmt)
+    argv = h.command(
+        "Write 42 to answer.txt", home=home, workdir=work, model=MODEL, api_format=fmt, step_limit=step_limit
+    )
+    return home, work, env, argv
+
+
+def config_text(home: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted(home.rglob("*")) if p.is_file())
+
+
+@pytest.mark.parametrize(("name", "fmt"), CASES)
+def test_no_parent_secret_reaches_env_or_config(name: str, fmt: str, tmp_path: Path) -> None:
+    h = HARNESSES[name]
+    home, _work, env, argv = build(h, tmp_path, fmt)
+    for k, v in env.items():
+        assert "LEAK" not in v, f"{name}: env {k} carries a parent secret"
+    assert "LEAK" not in config_text(home)
+    assert not any("LEAK" in a for a in argv)
+    # Only keys the adapter sets itself, never inherited ones (e.g. the parent's GOOGLE_API_KEY).
+    inherited = {k for k in SECRETS if k in env and env[k] == os.environ[k]}
+    assert not inherited
+
+
+@pytest.mark.parametrize(("name", "fmt"), CASES)
+def test_session_key_and_base_url_wired_but_not_in_argv(name: str, fmt: str, tmp_path: Path) -> None:
+    h = HARNESSES[name]
+    home, _work, env, argv = build(h, tmp_path, fmt)
+    both = config_text(home) + "\n".join(env.values())
+    assert KEY in both, f"{name}/{fmt}: the session key reaches the agent nowhere"
+    assert "127.0.0.1:18100/s/sessKEY123" in both, f"{name}/{fmt}: base URL with the session prefix missing"
+    # argv is world-readable through /proc; the key must not be there (the URL prefix holds it too).
+    assert not any(KEY in a for a in argv)
+    assert env["HOME"] == str(home)
+    assert env["TERM"] == "dumb"
+    assert argv[0].startswith(str(h.install_dir)), argv[0]
+    assert env["PATH"].split(os.pathsep)[0] == str(h.bin_dir)
+
+
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_unsupported_format_is_a_clear_error(name: str, tmp_path: Path) -> None:
+    h = HARNESSES[name]
+    bad = [f for f in API_FORMATS if f not in h.api_formats]
+    if not bad:
+        with pytest.raises(HarnessConfigError, match="cannot speak"):
+            h.check_format("smoke_signals")
+        return
+    with pytest.raises(HarnessConfigError, match=f"supports {h.api_formats[0]}"):
+        build(h, tmp_path, bad[0])
+
+
+def test_claude_code_wiring(tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("claude_code"), tmp_path, ANTHROPIC_MESSAGES, step_limit=5)
+    assert env["ANTHROPIC_BASE_URL"] == BASE  # no /v1: the SDK appends it
+    assert env["ANTHROPIC_API_KEY"] == KEY
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert "--dangerously-skip-permissions" not in argv  # refused as root
+    assert argv[argv.index("--allowedTools") + 1].startswith("Bash")
+    assert argv[argv.index("--max-turns") + 1] == "5"
+    settings = json.loads((home / ".claude" / "settings.json").read_text())
+    assert "Bash" in settings["permissions"]["allow"]
+
+
+def test_codex_wiring(tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("codex"), tmp_path, OPENAI_RESPONSES)
+    cfg = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    provider = cfg["model_providers"][cfg["model_provider"]]
+    assert cfg["model_provider"] != "openai"
+    assert provider["base_url"] == BASE + "/v1"
+    assert provider["wire_api"] == "responses"
+    assert env[provider["env_key"]] == KEY
+    assert cfg["analytics"]["enabled"] is False
+    assert cfg["check_for_update_on_startup"] is False
+    assert env["CODEX_HOME"] == str(home / ".codex")
+    assert argv[1:3] == ["exec", "--json"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "sdk", "base"),
+    [
+        (OPENAI_CHAT, "@ai-sdk/openai-compatible", BASE + "/v1"),
+        (OPENAI_RESPONSES, "@ai-sdk/openai", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "@ai-sdk/anthropic", BASE + "/v1"),
+        (GEMINI, "@ai-sdk/google", BASE + "/v1beta"),
+    ],
+)
+def test_opencode_provider_per_format(fmt: str, sdk: str, base: str, tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("opencode"), tmp_path, fmt)
+    cfg = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())
+    assert "openai" not in cfg["provider"]  # a provider named openai breaks opencode
+    ((name, provider),) = cfg["provider"].items()
+    assert provider["npm"] == sdk
+    assert provider["options"]["baseURL"] == base
+    assert cfg["model"] == f"{name}/{MODEL}"
+    assert cfg["tools"]["task"] is False
+    # The prompt travels as words (one quoted argument reaches the model with literal quotes).
+    assert argv[-4:] == ["Write", "42", "to", "answer.txt"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "api", "base"),
+    [
+        (OPENAI_CHAT, "openai-completions", BASE + "/v1"),
+        (OPENAI_RESPONSES, "openai-responses", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic-messages", BASE),
+        (GEMINI, "google-generative-ai", BASE + "/v1beta"),
+    ],
+)
+def test_pi_models_json(fmt: str, api: str, base: str, tmp_path: Path) -> None:
+    home, _w, env, _argv = build(get_harness("pi"), tmp_path, fmt)
+    cfg = json.loads((home / ".pi" / "agent" / "models.json").read_text())
+    (provider,) = cfg["providers"].values()
+    assert provider["api"] == api and provider["baseUrl"] == base
+    assert env[provider["apiKey"]] == KEY  # apiKey names an env var: the key stays out of the file
+    assert env["PI_OFFLINE"] == "1"
+
+
+def test_gemini_cli_settings_and_model_flag(tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("gemini_cli"), tmp_path, GEMINI, step_limit=4)
+    settings = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False
+    assert settings["model"]["maxSessionTurns"] == 4
+    assert env["GOOGLE_GEMINI_BASE_URL"] == BASE and env["GEMINI_API_KEY"] == KEY
+    assert argv[argv.index("-m") + 1] == MODEL  # -m avoids the model router side call
+    assert "--yolo" in argv
+
+
+@pytest.mark.parametrize(
+    ("fmt", "auth", "var", "value"),
+    [
+        (OPENAI_CHAT, "openai", "OPENAI_BASE_URL", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic", "ANTHROPIC_BASE_URL", BASE),
+        (GEMINI, "gemini", "GOOGLE_GEMINI_BASE_URL", BASE),
+    ],
+)
+def test_qwen_code_auth_types(fmt: str, auth: str, var: str, value: str, tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("qwen_code"), tmp_path, fmt)
+    settings = json.loads((home / ".qwen" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == auth
+    assert argv[argv.index("--auth-type") + 1] == auth
+    assert env[var] == value
+
+
+def test_mini_swe_agent_step_limit_and_config_order(tmp_path: Path) -> None:
+    home, _w, env, argv = build(get_harness("mini_swe_agent"), tmp_path, OPENAI_CHAT, step_limit=9)
+    params = json.loads((home / "mini_params.yaml").read_text())
+    assert params["agent"]["step_limit"] == 9
+    assert params["model"]["model_kwargs"]["api_base"] == BASE + "/v1"
+    configs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
+    assert configs[0] == "mini.yaml"  # -c replaces the default, so the built-in config comes first
+    assert argv[argv.index("-m") + 1] == f"openai/{MODEL}"
+    assert env["OPENAI_API_KEY"] == KEY and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode", "url"),
+    [
+        (OPENAI_CHAT, "chat_completions", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic_messages", BASE),
+        (OPENAI_RESPONSES, "codex_responses", BASE + "/v1"),
+    ],
+)
+def test_hermes_custom_provider(fmt: str, mode: str, url: str, tmp_path: Path) -> None:
+    home, _w, env, _argv = build(get_harness("hermes"), tmp_path, fmt, step_limit=6)
+    cfg = json.loads((home / ".hermes" / "config.yaml").read_text())  # JSON is YAML
+    assert cfg["model"]["provider"] == "custom:fineenvs"  # plain `custom` ignores api_mode
+    (prov,) = cfg["custom_providers"]
+    assert prov["api_mode"] == mode and prov["base_url"] == url and prov["api_key"] == KEY
+    assert cfg["agent"]["max_turns"] == 6
+    assert env["HERMES_HOME"] == str(home / ".hermes")
+
+
+def test_replaced_names_resolve_and_unknown_name_is_clear() -> None:
+    for old, new in REPLACED.items():
+        assert get_harness(old).name == new
+    with pytest.raises(HarnessConfigError, match="known harnesses"):
+        get_harness("crush")
+
+
+def test_check_installed_reports_missing_with_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FINEENVS_CACHE", str(tmp_path))
+    problems = check_installed(["codex", "pi"])
+    assert len(problems) == 2
+    assert "python -m fineenvs.harnesses install codex" in problems[0]
+    assert "not installed" in problems[0]
+    assert check_installed(["nope"])[0].startswith("unknown harness")

@@ -1,0 +1,235 @@
+"""Per-attempt isolation: fresh dirs, env from scratch, whole-group kill at the timeout, result logic."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs
+from fineenvs.harnesses.sandbox import (
+    ProxyStats,
+    classify,
+    count_tool_calls,
+    proxy_stats_from_rollout,
+    run_attempt,
+)
+
+
+class ScriptHarness(Harness):
+    """A 'harness' that runs a shell script: stands in for an agent CLI in isolation tests."""
+
+    name = "script"
+    package = "none"
+    registry = "npm"
+    version = "0"
+    binary = "sh"
+    api_formats = (OPENAI_CHAT,)
+    default_format = OPENAI_CHAT
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def write_config(
+        self,
+        home: Path,
+        workdir: Path,
+        *,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+        step_limit: int | None,
+    ) -> None:
+        (home / "agent.conf").write_text(f"url={base_url}\n")
+
+    def command(
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
+    ) -> list[str]:
+        return ["/bin/sh", "-c", self.script]
+
+    def env(
+        self, *, home: Path, workdir: Path, base_url: str, session_key: str, model: str, api_format: str
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env["AGENT_KEY"] = session_key
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        return Outputs(
+            final_text=(attempt_dir / "stdout.txt").read_text().strip() or None, native_tool_calls=3
+        )
+
+
+def _run(tmp_path: Path, script: str, **kw: Any) -> Any:
+    params: dict[str, Any] = {
+        "task_prompt": "do it",
+        "input_files": {},
+        "attempt_dir": tmp_path / "attempt",
+        "base_url": "http://127.0.0.1:9/s/k",
+        "session_key": "k-session",
+        "model": "m",
+        "timeout_seconds": 20,
+    }
+    params.update(kw)
+    return run_attempt(ScriptHarness(script), **params)
+
+
+def test_env_from_scratch_inputs_copied_and_outputs_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-LEAK-parent")
+    monkeypatch.setenv("HF_TOKEN", "hf_LEAK")
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    result = _run(
+        tmp_path,
+        'env > "$HOME/env.txt"; cat data/data.csv; pwd; echo 42 > answer.txt; echo done >&2',
+        input_files={"data/data.csv": data},
+        proxy_stats=lambda: ProxyStats(model_calls=2, tool_calls=3),
+    )
+    attempt = tmp_path / "attempt"
+    env_dump = (attempt / "home" / "env.txt").read_text()
+    assert "LEAK" not in env_dump
+    assert "AGENT_KEY=k-session" in env_dump
+    assert f"HOME={attempt / 'home'}" in env_dump
+    assert (attempt / "stdout.txt").read_text().splitlines() == ["a,b", "1,2", str(attempt / "work")]
+    assert (attempt / "stderr.txt").read_text() == "done\n"
+    assert result.exit_reason == "finished" and result.returncode == 0
+    assert result.answer == "42"
+    assert result.proxy_tool_calls == 3 and result.native_tool_calls == 3 and not result.tool_calls_disagree
+    assert (attempt / "attempt.json").exists()
+
+
+def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
+    # A foreground sleeper, a background one in the same group, and one that left the group
+    # with setsid: all three must be gone after the timeout.
+    script = "sleep 300 & setsid sleep 301 & echo started; sleep 302"
+    started = time.monotonic()
+    result = _run(tmp_path, script, timeout_seconds=1.5)
+    elapsed = time.monotonic() - started
+    assert result.exit_reason == "timeout"
+    assert result.leftover_pids == []
+    assert elapsed < 10
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        assert not any(f"sleep {n}" in cmd for n in (300, 301, 302)), f"left running: {pid_dir.name} {cmd}"
+
+
+def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
+    result = _run(tmp_path, "setsid sleep 303 & sleep 304 & echo ok")
+    assert result.exit_reason == "finished"
+    assert result.leftover_pids == []
+    time.sleep(0.1)
+    for pid_dir in Path("/proc").iterdir():
+        if pid_dir.name.isdigit():
+            try:
+                cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            assert "sleep 303" not in cmd and "sleep 304" not in cmd
+
+
+def test_crash_wiring_failure_and_budget_classification(tmp_path: Path) -> None:
+    crashed = _run(tmp_path, "exit 3", proxy_stats=lambda: ProxyStats(model_calls=1, tool_calls=0))
+    assert crashed.exit_reason == "crashed" and crashed.returncode == 3
+    no_calls = _run(tmp_path, "exit 0", proxy_stats=lambda: ProxyStats(model_calls=0, tool_calls=0))
+    assert no_calls.exit_reason == "wiring_failure"
+    assert no_calls.tool_calls_disagree  # proxy 0 vs the script's own log of 3
+
+
+def test_classify_precedence() -> None:
+    budget = ProxyStats(model_calls=17, tool_calls=5, budget_stops=1)
+    overflow = ProxyStats(model_calls=3, tool_calls=1, context_stops=1)
+    assert classify(timed_out=True, returncode=None, stats=budget) == "budget_stop"
+    assert classify(timed_out=False, returncode=1, stats=overflow) == "context_overflow"
+    assert classify(timed_out=True, returncode=None, stats=ProxyStats(0, 0)) == "wiring_failure"
+    assert classify(timed_out=True, returncode=None, stats=ProxyStats(2, 1)) == "timeout"
+    assert classify(timed_out=False, returncode=0, stats=None) == "finished"
+    assert classify(timed_out=False, returncode=-9, stats=ProxyStats(2, 1)) == "crashed"
+
+
+def test_input_path_escape_is_rejected(tmp_path: Path) -> None:
+    src = tmp_path / "x.txt"
+    src.write_text("x")
+    with pytest.raises(ValueError, match="escapes the working directory"):
+        _run(tmp_path, "true", input_files={"../x.txt": src})
+
+
+def test_proxy_stats_count_recorded_tool_calls() -> None:
+    rollout = {
+        "session": {"model_calls": 3, "budget_stops": 0, "context_stops": 1},
+        "calls": [
+            {"response": {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}},
+            {"response": {"role": "assistant", "content": "done"}},
+            {"response": {"role": "assistant", "tool_calls": [{"id": "c"}]}},
+        ],
+    }
+    stats = proxy_stats_from_rollout(rollout)
+    assert stats == ProxyStats(model_calls=3, tool_calls=3, budget_stops=0, context_stops=1)
+    assert count_tool_calls([{"completion": {"choices": [{"message": {"tool_calls": [{}]}}]}}]) == 1
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = b"hello-from-proxy"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
+def test_bwrap_readonly_root_writable_workdir_loopback_only_to_proxy(tmp_path: Path) -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Hello)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    other_port = other.getsockname()[1]
+    # Root can write here outside the sandbox; inside, the host's root is mounted read-only.
+    outside = Path("/usr/local/fineenvs-bwrap-probe.txt")
+    tmp_outside = tmp_path / "tmp-outside.txt"  # /tmp is a private tmpfs inside: never reaches the host
+    script = (
+        f"(echo x > {outside}) 2>/dev/null && echo wrote-outside || echo ro-outside; "
+        f"echo x > {tmp_outside}; "
+        "echo 42 > answer.txt; "
+        f"python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/').read().decode())\"; "
+        f"python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect(('127.0.0.1', {other_port}))\" "
+        "2>/dev/null && echo other-reachable || echo other-blocked"
+    )
+    try:
+        result = _run(tmp_path, script, base_url=f"http://127.0.0.1:{port}/s/k", use_bwrap=True)
+    finally:
+        server.shutdown()
+        other.close()
+    out = (tmp_path / "attempt" / "stdout.txt").read_text().split()
+    assert result.exit_reason == "finished", (tmp_path / "attempt" / "stderr.txt").read_text()
+    assert out == ["ro-outside", "hello-from-proxy", "other-blocked"]
+    assert not outside.exists()
+    assert not tmp_outside.exists()
+    assert result.answer == "42"
+    assert os.path.exists(tmp_path / "attempt" / "work" / "answer.txt")
