@@ -321,3 +321,28 @@ def require_training_grade(report: ProbeReport) -> None:
         f"Engine {report.url} ({report.model}) is graded {report.grade.value!r}; training needs 'tokens' "
         f"(exact token IDs and processed logprobs). Found: {'; '.join(report.problems)}. {fix}"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fineenvs.engine.probe URL [--model NAME]``: print the report; exit 1 below ``tokens``."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    parser = argparse.ArgumentParser(prog="python -m fineenvs.engine.probe", description=main.__doc__)
+    parser.add_argument("url", help="engine base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="served model name (default: the only one listed)")
+    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
+    args = parser.parse_args(argv)
+    report = probe_engine(args.url, args.model)
+    print(json.dumps(asdict(report), indent=2) if args.json else report.summary())
+    try:
+        require_training_grade(report)
+    except EngineGradeError as exc:
+        print(exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

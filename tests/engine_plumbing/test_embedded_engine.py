@@ -79,3 +79,16 @@ def test_weight_push_advances_the_version_and_changes_generations(engine: Engine
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
     staged = Path(engine.weight_sync._staged.staging_dir)  # type: ignore[attr-defined]
     assert [p.name for p in staged.iterdir()] == [f"v{start + 1:06d}"]
+
+
+def test_probe_cli(engine: EngineHandle) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "fineenvs.engine.probe", engine.url, "--json"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["grade"] == "tokens" and report["model"] == "tiny_qwen"
