@@ -410,16 +410,48 @@ def record_sizes(store_dir: Path) -> dict[str, float]:
     return {"stored_bytes": s, "full_bytes": f, "ratio": f / s}
 
 
-async def health_poller(port: int, stop: asyncio.Event, interval: float = 0.05) -> list[float]:
-    conn = RawConn(port)
+def poll_health(port: int, interval: float = 0.02) -> None:
+    """Subprocess body: GET /health every ``interval`` s until stdin closes; print latencies (ms).
+
+    It runs in its own process so that the load generator's busy event loop cannot inflate the
+    latency it measures.
+    """
+    import selectors
+    import threading
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    sock = socket.create_connection((HOST, port))
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    request = f"GET /health HTTP/1.1\r\nhost: {HOST}:{port}\r\n\r\n".encode()
     times: list[float] = []
     while not stop.is_set():
         t0 = time.perf_counter()
-        status, _ = await conn.request("GET", "/health")
-        times.append((time.perf_counter() - t0) * 1000 if status == 200 else float("inf"))
-        await asyncio.sleep(interval)
-    conn.close()
-    return times
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += sock.recv(65536)
+        times.append((time.perf_counter() - t0) * 1000 if head.startswith(b"HTTP/1.1 200") else float("inf"))
+        stop.wait(interval)
+    print(orjson.dumps(times).decode(), flush=True)
+
+
+class HealthPoller:
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fineenvs.bench.proxy", "poll-health", "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+
+    def finish(self) -> list[float]:
+        out, _ = self.proc.communicate(b"", timeout=60)
+        return [float(x) for x in orjson.loads(out)]
 
 
 async def concurrent_load(
@@ -481,8 +513,8 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, 
     direct = await concurrent_load(
         stack.standin_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
     )
-    stop = asyncio.Event()
-    poller = asyncio.create_task(health_poller(stack.proxy_port, stop))
+    poller = HealthPoller(stack.proxy_port)
+    await asyncio.sleep(0.3)
     c0 = cpu_seconds(stack.proxy_pid)
     proxied = await concurrent_load(
         stack.proxy_port,
@@ -491,8 +523,7 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, 
         lambda i, k: (f"/s/{keys[i]}/v1/chat/completions", bodies[i], {}),
     )
     cpu = (cpu_seconds(stack.proxy_pid) - c0) * 1000 / max(1, proxied["done"])
-    stop.set()
-    health = await poller
+    health = poller.finish()
     return {
         "direct": direct,
         "proxy": proxied,
@@ -624,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["standin"]:
         run_standin(int(argv[argv.index("--port") + 1]))
+        return 0
+    if argv[:1] == ["poll-health"]:
+        poll_health(int(argv[argv.index("--port") + 1]))
         return 0
     args = build_parser().parse_args(argv)
     args.small_calls, args.attempts, args.repeats = (500, 3, 3) if args.full else (150, 1, 3)

@@ -38,7 +38,13 @@ from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import CallStore, StoreError
-from fineenvs.proxy.upstream import BadRequest, UpstreamError, build_engine_request, call_engine
+from fineenvs.proxy.upstream import (
+    BadRequest,
+    UpstreamError,
+    build_engine_request,
+    decode_reply,
+    post_with_retries,
+)
 
 log = logging.getLogger("fineenvs.proxy")
 
@@ -56,6 +62,7 @@ HARNESS_ID_HEADERS = (
     "x-request-id",
     "user-agent",
 )
+CPU_SLOTS = 8
 BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
     "Stop here: no further actions will be run."
@@ -111,6 +118,7 @@ class ProxyApp:
         self.tasks: set[asyncio.Task[Outcome]] = set()
         self.aux_calls = 0
         self.upstream_slots = asyncio.Semaphore(settings.max_upstream_concurrency)
+        self.cpu_slots = asyncio.Semaphore(CPU_SLOTS)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -270,6 +278,46 @@ class ProxyApp:
             dialect = self._dialect(detect(path, headers, None))
             return self._error(dialect, 404, f"no route {method} {path}: model calls are POST requests.")
         raw = await self._read_body(request)
+        async with self._cpu_turn():
+            prepared = self._prepare(request, path, path_key, raw)
+        if isinstance(prepared, Response):
+            return prepared
+        session, name, dialect, canonical, engine_req, harness_ids = prepared
+        reply_model = canonical.model or self.settings.served_model
+        session.last_call_at = time.time()
+        if session.model_calls >= session.max_model_calls:
+            session.budget_stops += 1
+            await self._event(session, "budget_stop", None, {"model_calls": session.model_calls})
+            text = BUDGET_TEXT.format(n=session.max_model_calls)
+            return self._reply(dialect, canonical, Outcome("stop", stop_completion(text)), reply_model)
+        session.model_calls += 1
+        index = session.next_index
+        session.next_index += 1
+        task = asyncio.create_task(self._forward(session, index, name, canonical, engine_req, harness_ids))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if canonical.stream:
+            return await self._stream(task, dialect, canonical, reply_model)
+        outcome = await asyncio.shield(task)
+        async with self._cpu_turn():
+            return self._reply(dialect, canonical, outcome, reply_model)
+
+    @asynccontextmanager
+    async def _cpu_turn(self) -> AsyncIterator[None]:
+        """Let at most ``cpu_slots`` requests do CPU work per event-loop iteration.
+
+        A burst of 1,000 arriving calls would otherwise all parse and convert in one iteration
+        (about half a second), and /health would wait behind them.
+        """
+        async with self.cpu_slots:
+            await asyncio.sleep(0)
+            yield
+
+    def _prepare(
+        self, request: Request, path: str, path_key: str | None, raw: bytes | None
+    ) -> Response | tuple[Session, str, Dialect, CanonicalRequest, Any, dict[str, Any]]:
+        """Parse, authenticate and convert one model call (synchronous: no awaits inside)."""
+        headers = request.headers
         if raw is None:
             dialect = self._dialect(detect(path, headers, None))
             return self._error(
@@ -319,24 +367,7 @@ class ProxyApp:
                 400,
                 f"could not read the {name} request ({type(exc).__name__}: {exc}). Check its shape.",
             )
-        reply_model = canonical.model or self.settings.served_model
-        session.last_call_at = time.time()
-        if session.model_calls >= session.max_model_calls:
-            session.budget_stops += 1
-            await self._event(session, "budget_stop", None, {"model_calls": session.model_calls})
-            text = BUDGET_TEXT.format(n=session.max_model_calls)
-            return self._reply(dialect, canonical, Outcome("stop", stop_completion(text)), reply_model)
-        session.model_calls += 1
-        index = session.next_index
-        session.next_index += 1
-        task = asyncio.create_task(
-            self._forward(session, index, name, canonical, engine_req, _harness_ids(headers, body))
-        )
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        if canonical.stream:
-            return await self._stream(task, dialect, canonical, reply_model)
-        return self._reply(dialect, canonical, await asyncio.shield(task), reply_model)
+        return session, name, dialect, canonical, engine_req, _harness_ids(headers, body)
 
     async def _aux(self, request: Request, kind: str, path: str) -> Response:
         self.aux_calls += 1
@@ -383,8 +414,11 @@ class ProxyApp:
                 seen.append(v)
         try:
             try:
+                started = time.perf_counter()
                 async with self.upstream_slots:
-                    result = await call_engine(self.upstream, self.settings, engine_req.body)
+                    resp, attempts = await post_with_retries(self.upstream, self.settings, engine_req.body)
+                async with self._cpu_turn():
+                    result = decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - started)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")
@@ -432,16 +466,17 @@ class ProxyApp:
                     "proxy_s": round(time.perf_counter() - t0 - result.upstream_s, 6),
                 },
             }
-            line = self.store.encode_call(
-                session.session_id,
-                f"c{index:05d}",
-                prompt_ids=result.prompt_ids if result.prompt_ids is not None else [],
-                sampled_ids=result.sampled_ids,
-                messages=body.get("messages") or [],
-                tools=tools,
-                response_message=result.message,
-                fields=fields,
-            )
+            async with self._cpu_turn():
+                line = self.store.encode_call(
+                    session.session_id,
+                    f"c{index:05d}",
+                    prompt_ids=result.prompt_ids if result.prompt_ids is not None else [],
+                    sampled_ids=result.sampled_ids,
+                    messages=body.get("messages") or [],
+                    tools=tools,
+                    response_message=result.message,
+                    fields=fields,
+                )
             try:
                 await self.store.append_line(session.session_id, line)
             except StoreError as exc:

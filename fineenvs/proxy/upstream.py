@@ -277,11 +277,15 @@ def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | No
     return out, True, ""
 
 
-async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
-    start = time.perf_counter()
-    resp, attempts = await post_with_retries(client, settings, body)
+def decode_reply(resp: EngineResponse, *, attempts: int, upstream_s: float) -> EngineResult:
     try:
         data = orjson.loads(resp.content)
     except orjson.JSONDecodeError as exc:
         raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
-    return parse_completion(data, attempts=attempts, upstream_s=time.perf_counter() - start)
+    return parse_completion(data, attempts=attempts, upstream_s=upstream_s)
+
+
+async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
+    start = time.perf_counter()
+    resp, attempts = await post_with_retries(client, settings, body)
+    return decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - start)
