@@ -42,6 +42,21 @@ class EngineHandle:
     def openai_base_url(self) -> str:
         return self.url + "/v1"
 
+    # An attached handle is its own context manager (nothing to start or stop but the weight
+    # sync's client), so callers treat all three kinds alike: `with build(...) as engine`.
+    def __enter__(self) -> EngineHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+
+    async def __aenter__(self) -> EngineHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
 
 def served_models(url: str, client: httpx.Client | None = None, timeout_s: float = 10.0) -> list[str]:
     """Model ids listed by ``GET /v1/models``."""

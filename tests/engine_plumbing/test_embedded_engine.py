@@ -39,8 +39,8 @@ def greedy(engine: EngineHandle) -> dict:  # type: ignore[type-arg]
 
 
 def test_attach_learns_the_served_name(engine: EngineHandle) -> None:
-    attached = attach(engine.url + "/v1")
-    assert attached.url == engine.url and attached.kind == "attached"
+    with attach(engine.url + "/v1") as attached:
+        assert attached.url == engine.url and attached.kind == "attached"
     assert attached.served_model_name == engine.served_model_name == "tiny_qwen"
     with pytest.raises(ValueError, match="is not served by"):
         attach(engine.url, "LiquidAI/LFM2.5-2.6B")
