@@ -42,6 +42,7 @@ class Recorder:
         if request.url.path == "/get_world_size":
             return httpx.Response(200, json={"world_size": 2})
         if request.url.path == "/update_weights_from_path":
+            assert body is not None
             return httpx.Response(200, json={"weight_version": body["weight_version"]})
         return httpx.Response(200, json={"status": "ok"})
 
