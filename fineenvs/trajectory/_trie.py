@@ -84,7 +84,13 @@ class TokenTrie:
         a call does not re-walk the branch points of its whole history.
         """
         last = self._last
-        if last is not None and len(seq) >= len(last[0]) and seq[: len(last[0])] == last[0]:
+        if (
+            last is not None
+            and len(seq) >= len(last[0])
+            and seq[len(last[0]) - 1] == last[0][-1]  # cheap rejections before the full comparison
+            and seq[0] == last[0][0]
+            and seq[: len(last[0])] == last[0]
+        ):
             return self._walk_from(seq, list(last[1]), len(last[0]))
         return self._walk_from(seq, [], 0)
 

@@ -77,7 +77,17 @@ class GraphStats:
 
 
 class _Entry:
-    __slots__ = ("header", "prompt_len", "end_len", "parent", "children", "owner", "start", "prompt_group")
+    __slots__ = (
+        "header",
+        "prompt_len",
+        "end_len",
+        "parent",
+        "children",
+        "owner",
+        "start",
+        "private",
+        "prompt_group",
+    )
 
     def __init__(self, header: CallNode, prompt_len: int, end_len: int) -> None:
         self.header = header  # the call without its token lists
@@ -88,6 +98,7 @@ class _Entry:
         # The delta (context + sampled tokens after the parent's end) is owner[start:start+n].
         self.owner: list[int] = []
         self.start = 0
+        self.private = False  # owner is this call's own copy (not a shared strand of the index)
         self.prompt_group: list[int] = []  # every call with exactly this prompt (shared list)
 
     @property
@@ -133,6 +144,7 @@ class TrajectoryGraph:
             # No prompt ids: nothing to link on. It stays an isolated root and validation
             # reports it as fatal.
             entry.owner = list(node.sampled_ids)
+            entry.private = True
             entry.prompt_group = [idx]
             self._copied_tokens += slen
             return
@@ -148,7 +160,14 @@ class TrajectoryGraph:
         if fresh is not None and base == matched:
             entry.owner, entry.start = fresh[0], fresh[1]
         else:
-            entry.owner, entry.start = seq[base:], 0
+            # Private delta. When most of the sequence is new to this call (its parent has not
+            # arrived yet), keep the concatenation itself rather than copying it again; adoption
+            # trims it to the real delta later.
+            if base < len(seq) // 2:
+                entry.owner, entry.start = seq, base
+            else:
+                entry.owner, entry.start = seq[base:], 0
+            entry.private = True
             self._copied_tokens += len(entry.owner)
         self._set_parent(idx, parent)
 
@@ -158,7 +177,7 @@ class TrajectoryGraph:
                 if c != idx and (depth > entry.end_len or slen > 0) and self._better(idx, c):
                     old = self._entries[c].parent
                     shift = entry.end_len - (self._entries[old].end_len if old is not None else 0)
-                    self._entries[c].start += shift
+                    self._shrink_delta(c, shift)
                     self._set_parent(c, idx)
 
         # Drift candidates, confirmed (or not) from the final parents in drift_breaks().
@@ -170,6 +189,18 @@ class TrajectoryGraph:
             if depth > plen:
                 for n in group:
                     self._drift_pairs.add((idx, n))
+
+    def _shrink_delta(self, idx: int, shift: int) -> None:
+        """Drop the first ``shift`` tokens of a delta (its new parent already holds them)."""
+        e = self._entries[idx]
+        e.start += shift
+        if e.private:
+            # A call that arrived before its parent copied the whole unknown prefix; keep only
+            # its new delta so memory stays with the unique tokens.
+            base = self._entries[e.parent].end_len if e.parent is not None else 0
+            keep = e.owner[e.start : e.start + e.end_len - base - shift]
+            self._copied_tokens += len(keep) - len(e.owner)
+            e.owner, e.start = keep, 0
 
     def _best_parent(self, path: list[Edge], idx: int) -> int | None:
         plen = self._entries[idx].prompt_len
