@@ -21,7 +21,7 @@ from typing import Literal
 
 import httpx
 
-from fineenvs.engine.launcher import free_port, launched, launched_async, require_cuda
+from fineenvs.engine.launcher import EngineUnavailableError, free_port, launched, launched_async, require_cuda
 from fineenvs.engine.vllm import VLLMServeArgs, build_serve_command, build_serve_env, prepare_chat_template
 from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync, WeightSync
 
@@ -223,11 +223,19 @@ def launch_vllm(
     *,
     timeout_s: float = 1800.0,
     grace_s: float = 30.0,
-    check_gpu: Callable[[], object] = require_cuda,
+    check_gpu: Callable[[], list[str]] = require_cuda,
 ) -> EngineLaunch:
-    """The published vLLM command. Refuses on a machine without a GPU before writing or starting
-    anything; writes the patched chat template into ``log_dir`` when ``args.chat_template`` is None."""
-    check_gpu()
+    """The published vLLM command. Refuses on a machine without enough GPUs before writing or
+    starting anything; writes the patched chat template into ``log_dir`` when ``args.chat_template``
+    is None."""
+    gpus = check_gpu()
+    needed = args.tensor_parallel_size * args.data_parallel_size
+    if len(gpus) < needed:
+        raise EngineUnavailableError(
+            f"engine.tensor_parallel_size x engine.data_parallel_size = {needed} GPUs, but {len(gpus)} "
+            f"visible ({'; '.join(gpus)}). Lower engine.data_parallel_size or engine.tensor_parallel_size, "
+            "or make more GPUs visible (CUDA_VISIBLE_DEVICES)."
+        )
     exe = build_serve_command(args)[0]
     if args.python is not None and not Path(exe).is_file():
         raise FileNotFoundError(

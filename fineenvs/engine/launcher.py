@@ -73,6 +73,11 @@ def cuda_devices(
         except (OSError, subprocess.TimeoutExpired) as exc:
             return [], f"`{smi} -L` failed: {exc}"
         gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+        if visible is not None:
+            # nvidia-smi lists every GPU; CUDA_VISIBLE_DEVICES (indices or UUIDs) is what vLLM sees.
+            wanted = [v.strip() for v in visible.split(",") if v.strip()]
+            uuids = [w for w in wanted if not w.isdigit()]
+            gpus = [g for i, g in enumerate(gpus) if str(i) in wanted or any(u in g for u in uuids)]
         if gpus:
             return gpus, ""
         return [], f"`{smi} -L` lists no GPU ({(out.stderr or out.stdout).strip()[:200]})"

@@ -26,6 +26,7 @@ from fineenvs.engine.launcher import (
 from fineenvs.engine.vllm import VLLMServeArgs
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
+ONE_GPU = lambda: ["GPU 0: NVIDIA H200 (fake)"]  # noqa: E731
 
 
 def alive(pid: int) -> bool:
@@ -140,8 +141,8 @@ def test_gpu_detection_reasons() -> None:
 
 
 def test_vllm_refused_without_gpu_before_anything_starts(tmp_path: Path) -> None:
-    def no_gpu() -> None:
-        require_cuda(devices=([], "nvidia-smi is not on PATH and there is no /dev/nvidia* device"))
+    def no_gpu() -> list[str]:
+        return require_cuda(devices=([], "nvidia-smi is not on PATH and there is no /dev/nvidia* device"))
 
     with pytest.raises(EngineUnavailableError) as info:
         launch_vllm(VLLMServeArgs(model="Qwen/Qwen3.5-2B"), tmp_path / "run", check_gpu=no_gpu)
@@ -183,7 +184,7 @@ def test_launch_vllm_end_to_end_with_a_stand_in_binary(tmp_path: Path) -> None:
         served_model_name="fake-model",
     )
     run = tmp_path / "run"
-    with launch_vllm(args, run, check_gpu=lambda: None, timeout_s=20) as engine:
+    with launch_vllm(args, run, check_gpu=ONE_GPU, timeout_s=20) as engine:
         assert engine.kind == "vllm" and engine.served_model_name == "fake-model"
         assert httpx.get(engine.url + "/health").status_code == 200
         assert type(engine.weight_sync).__name__ == "VLLMReloadWeightSync"
@@ -201,11 +202,11 @@ def test_launch_vllm_without_a_vllm_binary_explains_how_to_install(
 ) -> None:
     with pytest.raises(FileNotFoundError, match="no vLLM console script at /nonexistent/venv/bin/vllm"):
         launch_vllm(
-            VLLMServeArgs(model="m", python="/nonexistent/venv/bin/python"), tmp_path, check_gpu=lambda: None
+            VLLMServeArgs(model="m", python="/nonexistent/venv/bin/python"), tmp_path, check_gpu=ONE_GPU
         )
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="engine.python=~/venvs/vllm/bin/python"):
-        launch_vllm(VLLMServeArgs(model="m"), tmp_path, check_gpu=lambda: None)
+        launch_vllm(VLLMServeArgs(model="m"), tmp_path, check_gpu=ONE_GPU)
 
 
 def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:
@@ -215,7 +216,7 @@ def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:
     )
 
     async def main() -> int | None:
-        async with launch_vllm(args, tmp_path / "run", check_gpu=lambda: None, timeout_s=20) as engine:
+        async with launch_vllm(args, tmp_path / "run", check_gpu=ONE_GPU, timeout_s=20) as engine:
             async with httpx.AsyncClient() as client:
                 assert (await client.get(engine.url + "/v1/models")).status_code == 200
             assert engine.weight_sync is None  # no weight sync asked for: no dev routes either
@@ -256,3 +257,25 @@ def test_engine_dies_with_its_parent(signal_name: str, tmp_path: Path) -> None:
     parent.send_signal(getattr(signal, signal_name))
     parent.wait(timeout=20)
     assert wait_dead(engine_pid, timeout_s=10), f"engine survived its parent's {signal_name}"
+
+
+def test_vllm_refused_when_tp_times_dp_exceeds_the_visible_gpus(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailableError, match="= 4 GPUs, but 1 visible"):
+        launch_vllm(
+            VLLMServeArgs(model="m", tensor_parallel_size=2, data_parallel_size=2),
+            tmp_path,
+            check_gpu=ONE_GPU,
+        )
+
+
+def test_cuda_visible_devices_filters_nvidia_smi(tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: H100 (UUID: GPU-aaa)'\necho 'GPU 1: H200 (UUID: GPU-bbb)'\n")
+    smi.chmod(0o755)
+    assert len(cuda_devices(nvidia_smi=str(smi), env={})[0]) == 2
+    assert cuda_devices(nvidia_smi=str(smi), env={"CUDA_VISIBLE_DEVICES": "1"})[0] == [
+        "GPU 1: H200 (UUID: GPU-bbb)"
+    ]
+    assert cuda_devices(nvidia_smi=str(smi), env={"CUDA_VISIBLE_DEVICES": "GPU-aaa"})[0] == [
+        "GPU 0: H200 (UUID: GPU-aaa)"
+    ]
