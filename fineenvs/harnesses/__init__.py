@@ -18,6 +18,7 @@ from fineenvs.harnesses.gptme import Gptme
 from fineenvs.harnesses.hermes import Hermes
 from fineenvs.harnesses.mini_swe_agent import MiniSweAgent
 from fineenvs.harnesses.opencode import OpenCode
+from fineenvs.harnesses.openhands import OpenHands
 from fineenvs.harnesses.pi import Pi
 from fineenvs.harnesses.qwen_code import QwenCode
 
@@ -32,13 +33,14 @@ HARNESSES: dict[str, Harness] = {
         Pi(),
         GeminiCli(),
         QwenCode(),
+        OpenHands(),
         Cline(),
         Gptme(),
     )
 }
 
 # Names the issue uses for the two agents that need Python >= 3.12, mapped to their stand-ins.
-REPLACED = {"mistral_vibe": "cline", "openhands": "gptme"}
+REPLACED = {"mistral_vibe": "cline"}
 
 
 def get_harness(name: str) -> Harness:

@@ -1,10 +1,20 @@
-"""OpenHands (``openhands-sdk`` + ``openhands-tools``, PyPI, Python >= 3.12) via a small driver script."""
+"""OpenHands (``openhands-sdk`` + ``openhands-tools``, PyPI, Python >= 3.12): OpenAI Chat via litellm.
+
+The SDK has no CLI of its own; :mod:`fineenvs.harnesses.openhands_driver` builds the standard
+agent (terminal + file editor tools, native function calling) around ``LLM(base_url, api_key,
+model)`` and runs it with the venv's interpreter.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs, with_v1, write_json
+
+DRIVER = Path(__file__).with_name("openhands_driver.py")
+CONFIG = "openhands.json"
+EVENTS = "openhands_events.json"
 
 
 class OpenHands(Harness):
@@ -17,6 +27,7 @@ class OpenHands(Harness):
     default_format = OPENAI_CHAT
     python_version = "3.12"
     extra_requirements = ("openhands-tools==1.58.2",)
+    honours_step_limit = True  # max_iteration_per_run
 
     def write_config(
         self,
@@ -29,7 +40,20 @@ class OpenHands(Harness):
         api_format: str,
         step_limit: int | None,
     ) -> None:
-        raise NotImplementedError
+        self.check_format(api_format)
+        write_json(
+            home / CONFIG,
+            {
+                # litellm's openai/ prefix: plain Chat Completions against base_url.
+                "model": f"openai/{model}",
+                "base_url": with_v1(base_url),
+                "api_key": session_key,
+                "workdir": str(workdir),
+                "persistence_dir": str(home / ".openhands" / "conversations"),
+                "max_iterations": step_limit or 100,
+                "events_path": str(home / EVENTS),
+            },
+        )
 
     def command(
         self,
@@ -41,4 +65,38 @@ class OpenHands(Harness):
         api_format: str,
         step_limit: int | None = None,
     ) -> list[str]:
-        raise NotImplementedError
+        return [str(self.binary_path), "-I", str(DRIVER), str(home / CONFIG), task_prompt]
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env.update(
+            {
+                "OPENHANDS_SUPPRESS_BANNER": "1",
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_TELEMETRY": "False",
+                "LOG_LEVEL": "WARNING",
+            }
+        )
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        path = attempt_dir / "home" / EVENTS
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return Outputs(final_text=None, native_tool_calls=None, detail=f"no event log at {path}")
+        events = data.get("events") or []
+        tool_calls = sum(
+            1 for e in events if e.get("kind") == "ActionEvent" and e.get("tool_name") not in (None, "finish")
+        )
+        final = data.get("final_response")
+        return Outputs(final_text=final or None, native_tool_calls=tool_calls, detail="openhands_events.json")

@@ -1,0 +1,119 @@
+"""Installer: marker-based idempotency, clear problems, atomic real installs (npm, tiny package)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fineenvs.harnesses import HARNESSES
+from fineenvs.harnesses import installer as inst
+from fineenvs.harnesses.base import MARKER_FILE, OPENAI_CHAT, Harness
+
+
+class TinyNpm(Harness):
+    """A real, tiny npm package with a bin, to exercise the installer without a 300 MB agent."""
+
+    name = "tiny_semver"
+    package = "semver"
+    registry = "npm"
+    version = "7.6.3"
+    binary = "semver"
+    api_formats = (OPENAI_CHAT,)
+    default_format = OPENAI_CHAT
+
+    def write_config(self, home: Path, workdir: Path, **kw: object) -> None:  # type: ignore[override]
+        pass
+
+    def command(self, task_prompt: str, **kw: object) -> list[str]:  # type: ignore[override]
+        return [str(self.binary_path)]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FINEENVS_CACHE", str(tmp_path))
+    return tmp_path / "harnesses"
+
+
+def _fake_install(h: Harness, version: str, *, with_binary: bool = True) -> None:
+    h.install_dir.mkdir(parents=True)
+    (h.install_dir / MARKER_FILE).write_text(json.dumps({"version": version}))
+    if with_binary:
+        h.bin_dir.mkdir(parents=True)
+        h.binary_path.write_text("#!/bin/sh\n")
+
+
+def test_problems_missing_wrong_version_incomplete(cache: Path) -> None:
+    h = TinyNpm()
+    (missing,) = inst.problems([h])
+    assert "not installed" in missing and "python -m fineenvs.harnesses install tiny_semver" in missing
+    _fake_install(h, "7.0.0")
+    (wrong,) = inst.problems([h])
+    assert "installed at version 7.0.0 but 7.6.3 is pinned" in wrong
+    (h.install_dir / MARKER_FILE).write_text(json.dumps({"version": "7.6.3"}))
+    assert inst.problems([h]) == []
+    h.binary_path.unlink()
+    (incomplete,) = inst.problems([h])
+    assert "incomplete" in incomplete and "--force" in incomplete
+
+
+def test_install_is_a_noop_when_marker_and_binary_present(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = TinyNpm()
+    _fake_install(h, h.version)
+
+    def boom(*args: object, **kw: object) -> None:
+        raise AssertionError("installer ran although the harness is installed")
+
+    monkeypatch.setattr(inst, "_install_into", boom)
+    started = time.monotonic()
+    assert inst.install(h) == h.install_dir
+    assert time.monotonic() - started < 0.5
+    assert inst.problems([h]) == []
+
+
+def test_failed_install_leaves_nothing_behind(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = TinyNpm()
+
+    def fail(h: Harness, tmp: Path, log: Path) -> None:
+        (tmp / "node_modules").mkdir()
+        raise inst.InstallError("npm exploded")
+
+    monkeypatch.setattr(inst, "_install_into", fail)
+    with pytest.raises(inst.InstallError, match="npm exploded"):
+        inst.install(h)
+    assert not h.install_dir.exists()
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_every_pinned_version_is_exact() -> None:
+    for h in HARNESSES.values():
+        assert h.version and h.version[0].isdigit() and not any(c in h.version for c in "^~<>*x "), h.name
+        for req in h.install_requirements():
+            assert ("@" in req[1:]) if h.registry == "npm" else ("==" in req), req
+
+
+@pytest.mark.slow
+def test_real_npm_install_idempotent_and_parallel_safe(cache: Path) -> None:
+    h = TinyNpm()
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(inst.install(h, echo=lambda s: None))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [h.install_dir, h.install_dir]
+    # One real install ran: the second caller waited on the lock and found it done.
+    assert inst.log_path(h).read_text().count("$ ") == 1
+    out = subprocess.run([str(h.binary_path), "1.2.3", "-r", ">=1.0.0"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1.2.3"
+    assert json.loads((h.install_dir / MARKER_FILE).read_text())["version"] == "7.6.3"
+    mtime = (h.install_dir / MARKER_FILE).stat().st_mtime
+    started = time.monotonic()
+    inst.install(h)
+    assert time.monotonic() - started < 0.5
+    assert (h.install_dir / MARKER_FILE).stat().st_mtime == mtime
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
