@@ -277,5 +277,5 @@ def test_cuda_visible_devices_filters_nvidia_smi(tmp_path: Path) -> None:
         "GPU 1: H200 (UUID: GPU-bbb)"
     ]
     assert cuda_devices(nvidia_smi=str(smi), env={"CUDA_VISIBLE_DEVICES": "GPU-aaa"})[0] == [
-        "GPU 0: H200 (UUID: GPU-aaa)"
+        "GPU 0: H100 (UUID: GPU-aaa)"
     ]
