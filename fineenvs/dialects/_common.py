@@ -220,10 +220,15 @@ def read_completion(completion: JSON) -> Reply:
     message = as_dict(choice.get("message"))
     content = message.get("content")
     if isinstance(content, list):  # some servers return parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = "".join(as_str(p.get("text")) for p in content if isinstance(p, dict))
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     calls: list[ToolCall] = []
-    for i, call in enumerate(message.get("tool_calls") or []):
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise DialectError(
+            prefixed("the engine's tool_calls is not a list; cannot build a reply"), status=502
+        )
+    for i, call in enumerate(raw_calls):
         if not isinstance(call, dict):
             continue
         fn = as_dict(call.get("function"))
