@@ -17,6 +17,7 @@ from fineenvs.harnesses.gemini_cli import GeminiCli
 from fineenvs.harnesses.gptme import Gptme
 from fineenvs.harnesses.hermes import Hermes
 from fineenvs.harnesses.mini_swe_agent import MiniSweAgent
+from fineenvs.harnesses.mistral_vibe import MistralVibe
 from fineenvs.harnesses.opencode import OpenCode
 from fineenvs.harnesses.openhands import OpenHands
 from fineenvs.harnesses.pi import Pi
@@ -33,14 +34,15 @@ HARNESSES: dict[str, Harness] = {
         Pi(),
         GeminiCli(),
         QwenCode(),
+        MistralVibe(),
         OpenHands(),
         Cline(),
         Gptme(),
     )
 }
 
-# Names the issue uses for the two agents that need Python >= 3.12, mapped to their stand-ins.
-REPLACED = {"mistral_vibe": "cline"}
+# Old names of harnesses that were replaced by another agent (none at present).
+REPLACED: dict[str, str] = {}
 
 
 def get_harness(name: str) -> Harness:

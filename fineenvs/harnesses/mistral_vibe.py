@@ -1,10 +1,22 @@
-"""Mistral Vibe (``mistral-vibe``, PyPI, Python >= 3.12): OpenAI Chat through a generic provider."""
+"""Mistral Vibe (``mistral-vibe``, PyPI, Python >= 3.12): OpenAI Chat through a generic provider.
+
+3.0.2, not the newest 3.0.3: 3.0.3 pins ``certifi==2026.10.19``, which PyPI does not serve (only
+``2026.10.19.post1``), so it cannot be installed; 3.0.0 needs Python 3.14.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs, read_text, with_v1
+
+KEY_ENV = "FINEENVS_SESSION_KEY"
+ALIAS = "fineenvs"
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
 class MistralVibe(Harness):
@@ -16,6 +28,7 @@ class MistralVibe(Harness):
     api_formats = (OPENAI_CHAT,)
     default_format = OPENAI_CHAT
     python_version = "3.12"
+    honours_step_limit = True  # --max-turns (headless)
 
     def write_config(
         self,
@@ -28,7 +41,30 @@ class MistralVibe(Harness):
         api_format: str,
         step_limit: int | None,
     ) -> None:
-        raise NotImplementedError
+        self.check_format(api_format)
+        lines = [
+            f"active_model = {_q(ALIAS)}",
+            "enable_telemetry = false",
+            "enable_update_checks = false",
+            "enable_auto_update = false",
+            "",
+            "[[providers]]",
+            f"name = {_q(ALIAS)}",
+            f"api_base = {_q(with_v1(base_url))}",
+            f"api_key_env_var = {_q(KEY_ENV)}",
+            'api_style = "openai"',
+            'backend = "generic"',
+            "",
+            "[[models]]",
+            f"name = {_q(model)}",
+            f"provider = {_q(ALIAS)}",
+            f"alias = {_q(ALIAS)}",
+            "max_context_length = 200000",
+            "",
+        ]
+        path = home / ".vibe" / "config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines))
 
     def command(
         self,
@@ -40,4 +76,62 @@ class MistralVibe(Harness):
         api_format: str,
         step_limit: int | None = None,
     ) -> list[str]:
-        raise NotImplementedError
+        cmd = [
+            str(self.binary_path),
+            "-p",
+            task_prompt,
+            "--output",
+            "json",
+            "--auto-approve",
+            "--trust",
+            "--workdir",
+            str(workdir),
+            "--output-dir",
+            str(home / "vibe-output"),
+        ]
+        if step_limit is not None:
+            cmd += ["--max-turns", str(step_limit)]
+        return cmd
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env.update({"VIBE_HOME": str(home / ".vibe"), KEY_ENV: session_key})
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        text = read_text(attempt_dir / "stdout.txt")
+        start = text.find("[")
+        try:
+            messages = json.loads(text[start:]) if start >= 0 else None
+        except ValueError:
+            messages = None
+        if not isinstance(messages, list):
+            return Outputs(
+                final_text=text.strip() or None, native_tool_calls=None, detail="no json transcript"
+            )
+        # Transcript entries: `message` (user/assistant, content = text parts) and `effect`
+        # (one per tool execution).
+        tool_calls = 0
+        final: str | None = None
+        for entry in messages:
+            if not isinstance(entry, dict):
+                continue
+            if entry.get("type") == "effect":
+                tool_calls += 1
+            elif entry.get("type") == "message" and entry.get("role") == "assistant":
+                parts = entry.get("content") or []
+                text = "".join(
+                    p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"
+                )
+                if text.strip():
+                    final = text
+        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="--output json")

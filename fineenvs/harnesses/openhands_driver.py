@@ -43,7 +43,13 @@ def main(argv: list[str]) -> int:
         events = list(conversation.state.events)
         rows = []
         for ev in events:
-            rows.append({"kind": type(ev).__name__, "source": getattr(ev, "source", None), "tool_name": getattr(ev, "tool_name", None)})
+            rows.append(
+                {
+                    "kind": type(ev).__name__,
+                    "source": getattr(ev, "source", None),
+                    "tool_name": getattr(ev, "tool_name", None),
+                }
+            )
         final = get_agent_final_response(events)
         Path(cfg["events_path"]).write_text(json.dumps({"events": rows, "final_response": final}, indent=1))
     print(final)

@@ -61,7 +61,9 @@ def test_problems_missing_wrong_version_incomplete(cache: Path) -> None:
     assert "incomplete" in incomplete and "--force" in incomplete
 
 
-def test_install_is_a_noop_when_marker_and_binary_present(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_is_a_noop_when_marker_and_binary_present(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     h = TinyNpm()
     _fake_install(h, h.version)
 
@@ -100,7 +102,10 @@ def test_every_pinned_version_is_exact() -> None:
 def test_real_npm_install_idempotent_and_parallel_safe(cache: Path) -> None:
     h = TinyNpm()
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(inst.install(h, echo=lambda s: None))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(inst.install(h, echo=lambda s: None)))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -108,7 +113,9 @@ def test_real_npm_install_idempotent_and_parallel_safe(cache: Path) -> None:
     assert results == [h.install_dir, h.install_dir]
     # One real install ran: the second caller waited on the lock and found it done.
     assert inst.log_path(h).read_text().count("$ ") == 1
-    out = subprocess.run([str(h.binary_path), "1.2.3", "-r", ">=1.0.0"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(h.binary_path), "1.2.3", "-r", ">=1.0.0"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "1.2.3"
     assert json.loads((h.install_dir / MARKER_FILE).read_text())["version"] == "7.6.3"
     mtime = (h.install_dir / MARKER_FILE).stat().st_mtime
