@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 from proxy_formats import FORMATS, request
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
 KEYS = st.sampled_from(
@@ -27,7 +33,9 @@ def _mutate(body: Any, path: list[int], key: str, value: Any) -> Any:
     """Replace or add ``key`` somewhere inside ``body`` (the spot picked by ``path``)."""
     node = body
     for step in path:
-        children = [v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, dict | list)]
+        children = [
+            v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, dict | list)
+        ]
         if not children:
             break
         node = children[step % len(children)]
