@@ -42,7 +42,7 @@ def _bare(path: str) -> str:
     return path.split("?", 1)[0].rstrip("/")
 
 
-def detect(path: str, headers: Mapping[str, str], body: dict | None) -> str:  # type: ignore[type-arg]
+def detect(path: str, headers: Mapping[str, str], body: JSON | None) -> str:
     """The format of one model call: path first, then the header, then the body; chat by default.
 
     ``path`` may carry a session prefix (``/s/<key>/v1/...``) and a query string.
@@ -95,7 +95,7 @@ def estimate_tokens(body: object) -> int:
     return max(1, len(json.dumps(body, ensure_ascii=False)) // 4)
 
 
-def aux_response(kind: str, body: dict | None, model: str, *, context_length: int = 131072) -> dict:  # type: ignore[type-arg]
+def aux_response(kind: str, body: JSON | None, model: str, *, context_length: int = 131072) -> JSON:
     """The body that answers an auxiliary route of ``kind`` (see ``aux_route``)."""
     if kind == "anthropic_count_tokens":
         return {"input_tokens": estimate_tokens(body or {})}

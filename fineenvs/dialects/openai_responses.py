@@ -31,6 +31,7 @@ from fineenvs.dialects._common import (
     SSE_COMMENT_KEEPALIVE,
     as_dict,
     as_str,
+    check_n,
     decode_reasoning,
     dumps_args,
     encode_reasoning,
@@ -281,6 +282,7 @@ class OpenAIResponses:
     ) -> CanonicalRequest:
         body = require_dict(body, "request body")
         notes: list[str] = []
+        check_n(body.get("n"), "n")
         if body.get("previous_response_id"):
             raise fail(
                 "previous_response_id is not supported",
