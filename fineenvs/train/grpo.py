@@ -296,6 +296,13 @@ class CapturedGRPOTrainer:
             )
         for i, r in enumerate(rows):
             r.check(f"row {i}")
+        advantage_of: dict[str, float] = {}
+        for r in rows:
+            if advantage_of.setdefault(r.attempt_id, r.advantage) != r.advantage:
+                raise ValueError(
+                    f"attempt {r.attempt_id!r} has rows with advantages {advantage_of[r.attempt_id]} and "
+                    f"{r.advantage}: the advantage is attempt-level, stamp every row of an attempt with it"
+                )
         kept = [r for r in rows if len(r.input_ids) <= s.token_budget]
         over_budget = len(rows) - len(kept)
         if not kept:
