@@ -117,6 +117,9 @@ class Generator:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.lock = threading.Lock()  # held for every forward pass and weight swap
+        # Fast tokenizers raise "Already borrowed" when two threads use one at once; the event
+        # loop renders prompts while the worker decodes completions.
+        self.tokenizer_lock = threading.Lock()
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
@@ -151,7 +154,16 @@ class Generator:
         return cached
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+        with self.tokenizer_lock:
+            return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    def render(self, messages: list[dict[str, Any]], tools: Any, **template_kwargs: Any) -> list[int]:
+        """Apply the chat template and tokenise the text (as vLLM: no extra special tokens)."""
+        with self.tokenizer_lock:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, **template_kwargs
+            )
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _forward(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         kwargs = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}

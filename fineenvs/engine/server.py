@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -34,6 +35,8 @@ from starlette.routing import Route
 
 from fineenvs.engine.generation import GenerationResult, Generator, SamplingParams
 from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, ToolCallFormat, parse_tool_calls
+
+logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -271,18 +274,15 @@ async def chat_completions(request: Request) -> Response:
     generator = state.generator
     try:
         messages = _prepare_messages(req.messages)
-        tools: Any = req.tools or None
-        prompt = generator.tokenizer.apply_chat_template(
+        prompt_ids = generator.render(
             messages,
-            tools=tools,
+            req.tools or None,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message,
-            tokenize=False,
             **(req.chat_template_kwargs or {}),
         )
     except Exception as exc:  # template errors are the client's: jinja raise_exception, bad roles
         return error(f"Cannot render the chat template for these messages: {exc}", param="messages")
-    prompt_ids: list[int] = generator.tokenizer.encode(prompt, add_special_tokens=False)
     params = _sampling(req, state, len(prompt_ids))
     if isinstance(params, JSONResponse):
         return params
@@ -296,6 +296,9 @@ async def chat_completions(request: Request) -> Response:
     state.pending += 1
     try:
         result: GenerationResult = await state.run(generator.generate, prompt_ids, params)
+    except Exception as exc:  # a failing forward pass must not take the server down
+        logger.exception("generation failed")
+        return error(f"Generation failed: {type(exc).__name__}: {exc}", 500, "InternalServerError")
     finally:
         state.pending -= 1
     return JSONResponse(_response_body(req, state, prompt_ids, result))
