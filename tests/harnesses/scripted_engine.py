@@ -136,6 +136,11 @@ def decide(body: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": FINAL_TEXT}
 
 
+def scripted_logprob(token_id: int) -> float:
+    """The logprob the scripted policy reports for a sampled token (deterministic, < 0)."""
+    return -0.01 * (1 + token_id % 9)
+
+
 class Tokenizer:
     """The tiny model's tokenizer and chat template (real ids), with a plain-text fallback."""
 
@@ -180,6 +185,8 @@ class ScriptedEngine:
         self.tokenizer = Tokenizer(tokenizer_model)
         self.served_model = served_model
         self.requests: list[dict[str, Any]] = []
+        # (prompt ids, sampled ids) of every reply: the e2e tests check the proxy recorded exactly these.
+        self.replies: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -230,8 +237,9 @@ class ScriptedEngine:
         message = decide(body)
         prompt = self.tokenizer.prompt_ids(body.get("messages") or [], body.get("tools"))
         sampled = self.tokenizer.completion_ids(message)
+        self.replies.add((tuple(prompt), tuple(sampled)))
         logprobs = [
-            {"token": f"token_id:{t}", "logprob": -0.01 * (1 + t % 9), "bytes": None, "top_logprobs": []}
+            {"token": f"token_id:{t}", "logprob": scripted_logprob(t), "bytes": None, "top_logprobs": []}
             for t in sampled
         ]
         finish = "tool_calls" if message.get("tool_calls") else "stop"

@@ -110,6 +110,7 @@ def start_proxy(engine_url: str, served_model: str, store_dir: Path) -> Proxy:
             sys.executable, "-m", "fineenvs.proxy", "serve",
             "--engine-url", engine_url, "--served-model", served_model,
             "--port", str(port), "--store-dir", str(store_dir), "--admin-key", ADMIN_KEY,
+            "--no-fsync", "--log-level", "warning",
         ]  # fmt: skip
     else:
         cmd = [

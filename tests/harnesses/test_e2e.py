@@ -1,0 +1,160 @@
+"""Every harness, the real CLI, headless, through the real capture proxy (``-m harness``).
+
+Scripted policy (tests/harnesses/scripted_engine.py) as the model: a shell tool call first, a final
+answer once the tool result is back. Checks per harness and wire format: the calls arrived in the
+expected format; a shell tool call was executed and its output sent back; answer.txt was written;
+the proxy recorded exactly the token ids and logprobs the engine produced for every call; the
+AttemptResult agrees. One attempt per harness also runs the real tiny model (embedded engine): the
+attempt must end cleanly (bounded by the call budget and the timeout, nothing left running).
+
+Needs: ``python -m fineenvs.harnesses install all``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fineenvs.harnesses import HARNESSES, check_installed
+from fineenvs.harnesses.sandbox import AttemptResult, proxy_stats_from_rollout, run_attempt
+from tests.harnesses.scripted_engine import ANSWER, SHELL_TOOLS, TOOL_MARKER, ScriptedEngine, scripted_logprob
+from tests.harnesses.stack import EmbeddedEngine, Proxy, start_embedded_engine, start_proxy
+
+pytestmark = pytest.mark.harness
+
+MODEL = "tiny_qwen"
+TASK = "Compute 6*7 and write only the number to a file named answer.txt in the current directory using the shell."
+CASES = [pytest.param(name, fmt, id=f"{name}-{fmt}") for name, h in HARNESSES.items() for fmt in h.api_formats]
+# Slow starters (Python agents on 2 shared cores) get more time; the scripted policy needs 2-5 calls.
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def scripted_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScriptedEngine, Proxy]]:
+    root = tmp_path_factory.mktemp("scripted")
+    engine = ScriptedEngine(tokenizer_model=MODEL, served_model=MODEL).start()
+    proxy = start_proxy(engine.url, MODEL, root / "store")
+    yield engine, proxy
+    proxy.stop()
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedEngine, Proxy]]:
+    root = tmp_path_factory.mktemp("tiny")
+    engine = start_embedded_engine(MODEL, root / "engine.log")
+    proxy = start_proxy(engine.url, MODEL, root / "store")
+    yield engine, proxy
+    proxy.stop()
+    engine.stop()
+
+
+def _require_installed(name: str) -> None:
+    problems = check_installed([name])
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+def _attempt(proxy: Proxy, name: str, fmt: str, attempt_dir: Path, **kw: Any) -> tuple[AttemptResult, dict[str, Any]]:
+    session = proxy.new_session(harness=name, max_model_calls=kw.pop("max_model_calls", 12))
+    result = run_attempt(
+        HARNESSES[name],
+        task_prompt=TASK,
+        input_files={},
+        attempt_dir=attempt_dir,
+        base_url=session["base_url"],
+        session_key=session["key"],
+        model=MODEL,
+        api_format=fmt,
+        timeout_seconds=kw.pop("timeout_seconds", TIMEOUT_S),
+        step_limit=kw.pop("step_limit", 8),
+        proxy_stats=lambda: proxy_stats_from_rollout(proxy.rollout(session["session_id"])),
+        **kw,
+    )
+    return result, proxy.rollout(session["session_id"])
+
+
+def _why(result: AttemptResult) -> str:
+    d = Path(result.attempt_dir)
+    tail = lambda p: (d / p).read_text(errors="replace")[-2500:] if (d / p).exists() else ""  # noqa: E731
+    return f"{json.dumps(result.to_json(), indent=1)}\nstdout: {tail('stdout.txt')}\nstderr: {tail('stderr.txt')}"
+
+
+def _tool_texts(messages: list[dict[str, Any]]) -> str:
+    out = []
+    for m in messages:
+        if m.get("role") == "tool":
+            content = m.get("content")
+            out.append(content if isinstance(content, str) else json.dumps(content))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(("name", "fmt"), CASES)
+def test_scripted_policy_end_to_end(
+    name: str, fmt: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+) -> None:
+    _require_installed(name)
+    engine, proxy = scripted_stack
+    result, rollout = _attempt(proxy, name, fmt, tmp_path / "attempt")
+    calls = rollout["calls"]
+
+    assert result.exit_reason == "finished", _why(result)
+    assert result.returncode == 0
+    assert result.answer == ANSWER, _why(result)
+    assert (tmp_path / "attempt" / "work" / "answer.txt").read_text().strip() == ANSWER
+    assert result.leftover_pids == []
+
+    # The model was called through the expected wire format, every time.
+    assert calls, "the proxy recorded no call"
+    assert {c["dialect"] for c in calls} == {fmt}
+
+    # Exact tokens: every recorded call holds the very prompt and sampled ids the engine produced,
+    # with one logprob per sampled token equal to the engine's.
+    for c in calls:
+        assert (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies, c["call_id"]
+        assert c["logprobs_aligned"] is True
+        assert c["logprobs"] == [scripted_logprob(t) for t in c["sampled_ids"]]
+        assert all(lp <= 0 for lp in c["logprobs"])
+
+    # A shell tool call was emitted, executed, and its output came back in a later request.
+    shell_calls = [
+        tc
+        for c in calls
+        for tc in (c["response"].get("tool_calls") or [])
+        if tc["function"]["name"] in SHELL_TOOLS
+    ]
+    assert shell_calls, "no shell tool call recorded"
+    first = next(i for i, c in enumerate(calls) if c["response"].get("tool_calls"))
+    later_tool_output = "\n".join(_tool_texts(c["request"]["messages"]) for c in calls[first + 1 :])
+    assert TOOL_MARKER in later_tool_output, "the tool result never reached the model"
+
+    # The AttemptResult agrees with the proxy.
+    assert result.proxy_model_calls == len(calls)
+    assert result.proxy_tool_calls == len([tc for c in calls for tc in (c["response"].get("tool_calls") or [])])
+    assert result.proxy_tool_calls >= 1
+    if result.native_tool_calls is not None:
+        assert not result.tool_calls_disagree, _why(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_tiny_model_attempt_ends_cleanly(name: str, tiny_stack: tuple[EmbeddedEngine, Proxy], tmp_path: Path) -> None:
+    """A random tiny model talks nonsense: the attempt must still end, bounded, with nothing left running."""
+    _require_installed(name)
+    _engine, proxy = tiny_stack
+    h = HARNESSES[name]
+    timeout = 150
+    result, rollout = _attempt(
+        proxy, name, h.default_format, tmp_path / "attempt", max_model_calls=3, timeout_seconds=timeout, step_limit=3
+    )
+    assert result.exit_reason in ("finished", "crashed", "budget_stop", "context_overflow", "timeout"), _why(result)
+    assert result.proxy_model_calls is not None and result.proxy_model_calls >= 1, _why(result)
+    assert result.leftover_pids == []
+    assert result.duration_s < timeout + 15
+    for c in rollout["calls"]:
+        assert c["prompt_ids"] and all(isinstance(t, int) for t in c["prompt_ids"])
+        assert c["logprobs"] is None or all(lp <= 0 for lp in c["logprobs"])
