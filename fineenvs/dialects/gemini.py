@@ -130,8 +130,9 @@ def _media(part: JSON, where: str) -> JSON:
 
 def _tool_text(response: object) -> str:
     if isinstance(response, dict):
+        # Unwrap the one text field (opencode adds the tool's name beside it); keep anything richer.
         for key in ("output", "content", "result"):
-            if isinstance(response.get(key), str) and len(response) <= 2:
+            if isinstance(response.get(key), str) and set(response) - {"name"} == {key}:
                 return str(response[key])
         if "error" in response and len(response) == 1:
             err = response["error"]

@@ -468,3 +468,28 @@ def test_chat_sampling_fields_are_recorded_and_type_checked() -> None:
         dialect.to_canonical(
             {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, path="", query={}
         )
+
+
+@pytest.mark.parametrize(
+    ("response", "want"),
+    [
+        ({"output": "hi\n"}, "hi\n"),
+        ({"name": "bash", "content": "a.txt\n"}, "a.txt\n"),
+        ({"error": "no such file"}, "[Tool Error] no such file"),
+        ({"output": "partial", "error": "exit 1"}, '{"output": "partial", "error": "exit 1"}'),
+        ({"files": ["a", "b"]}, '{"files": ["a", "b"]}'),
+    ],
+)
+def test_gemini_function_response_text(response: dict[str, Any], want: str) -> None:
+    req = DIALECTS["gemini"].to_canonical(
+        {
+            "contents": [
+                {"role": "user", "parts": [{"text": "go"}]},
+                {"role": "model", "parts": [{"functionCall": {"name": "t", "args": {}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"name": "t", "response": response}}]},
+            ]
+        },
+        path="/v1beta/models/g:generateContent",
+        query={},
+    )
+    assert req.body["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_0", "content": want}
