@@ -509,20 +509,3 @@ class TrajectoryGraph:
 
     def entry_header(self, idx: int) -> CallNode:
         return self._entries[idx].header
-
-    def shared_leaf_counts(self) -> dict[int, int]:
-        """How many leaves lie under each call (1 for a call on a single path)."""
-        counts: dict[int, int] = {}
-        for i in reversed(self._topo()):
-            e = self._entries[i]
-            counts[i] = sum(counts[c] for c in e.children) if e.children else 1
-        return counts
-
-    def _topo(self) -> list[int]:
-        out: list[int] = []
-        stack = [i for i, e in enumerate(self._entries) if e.parent is None]
-        while stack:
-            i = stack.pop()
-            out.append(i)
-            stack.extend(self._entries[i].children)
-        return out

@@ -228,3 +228,23 @@ def test_bigger_random_sessions_match_the_reference(seed: int, n_calls: int) -> 
     g = TrajectoryGraph(order)
     assert {n.node_id: g.parent(n.node_id) for n in nodes} == all_pairs_parents(nodes)
     assert snapshot(g) == snapshot(TrajectoryGraph(nodes))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.integers(1, 25), st.sampled_from(["drop", "split"]))
+def test_overlong_rows_respect_the_budget_and_every_lost_token_is_counted(
+    nodes: list[CallNode], budget: int, mode: str
+) -> None:
+    g = TrajectoryGraph(nodes)
+    full = build_rows(g, RowOptions(max_tokens=10**6))
+    rs = build_rows(g, RowOptions(max_tokens=budget, overlong=mode))
+    assert all(len(r.input_ids) <= budget for r in rs.rows)
+    assert rs.overlong_rows == sum(1 for r in full.rows if len(r.input_ids) > budget)
+    assert rs.overlong_rows == rs.dropped_overlong + rs.split_rows + rs.dropped_duplicate_cuts
+    for r in rs.rows:
+        assert r.cut == (r.row_id.endswith("#cut"))
+        if r.cut:
+            assert len(r.input_ids) == r.turn_ends[-1]  # cut exactly after a call's sampled tokens
+    if mode == "drop":
+        kept = sum(r.n_trainable for r in rs.rows)
+        assert kept + rs.lost_sampled_tokens == sum(r.n_trainable for r in full.rows)

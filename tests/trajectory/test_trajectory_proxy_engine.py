@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from traj_factory import proxy_calls_to_nodes
 
 from fineenvs.trajectory import (
-    CallNode,
     RowOptions,
     build_session,
     read_rows_parquet,
@@ -69,31 +69,13 @@ def record_session(model_dir: Path, store_dir: Path) -> dict[str, Any]:
             store.close()
 
 
-def to_nodes(calls: list[dict[str, Any]]) -> list[CallNode]:
-    return [
-        CallNode(
-            node_id=c["call_id"],
-            prompt_ids=list(c["prompt_ids"]),
-            sampled_ids=list(c["sampled_ids"]),
-            logprobs=c.get("logprobs"),
-            finish_reason=c.get("finish_reason"),
-            has_tools=bool(c.get("has_tools")),
-            arrival_index=int(c.get("index", i)),
-            weight_version=c.get("weight_version"),
-            harness_ids=dict(c.get("harness_ids") or {}),
-            logprobs_aligned=bool(c.get("logprobs_aligned", True)),
-        )
-        for i, c in enumerate(calls)
-    ]
-
-
 def test_session_recorded_through_the_proxy_builds_and_round_trips(
     tiny_qwen_dir: Path, tmp_path: Path
 ) -> None:
     rollout = record_session(tiny_qwen_dir, tmp_path / "store")
     calls = rollout["calls"]
     assert len(calls) == 4
-    nodes = to_nodes(calls)
+    nodes = proxy_calls_to_nodes(calls)
     res = build_session(nodes, {"harness": "scripted"}, RowOptions(drop_discarded=False))
     g = res.graph
     first, retried, used, last = (c["call_id"] for c in calls)

@@ -1,10 +1,12 @@
 """Sessions recorded through the real capture proxy (embedded engine, tiny model).
 
 Hook for the proxy work: drop recorded sessions into ``tests/trajectory/recorded/*.json`` (or
-point ``FINEENVS_RECORDED_SESSIONS`` at a folder), one file per session, as
+point ``FINEENVS_RECORDED_SESSIONS`` at a folder), one file per session: either the proxy's
+``GET /sessions/{id}/rollout`` body (calls with ``call_id``) or
 ``{"metadata": {...}, "calls": [CallNode.to_dict(), ...]}``. Every file is then built, checked
-for aligned rows and round-tripped through the JSON and Parquet exports. Until the proxy writes
-such files this test is skipped, saying so.
+for aligned rows and round-tripped through the JSON and Parquet exports. ``test_trajectory_proxy_engine``
+records a live session the same way in the slow tier; this hook is for sessions recorded by real
+harnesses. Without files it is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from traj_factory import proxy_calls_to_nodes
 
 from fineenvs.trajectory import (
     CallNode,
@@ -40,7 +43,8 @@ def test_recorded_proxy_session_builds_and_round_trips(path: Path | None, tmp_pa
             f"{HERE} (format in this module's docstring)"
         )
     doc = orjson.loads(path.read_bytes())
-    calls = [CallNode.from_dict(c) for c in doc["calls"]]
+    raw = doc["calls"]
+    calls = proxy_calls_to_nodes(raw) if raw and "call_id" in raw[0] else [CallNode.from_dict(c) for c in raw]
     res = build_session(calls, doc.get("metadata", {}), min_calls=1)
     assert not any(f.code in {"no_prompt_ids", "positive_logprob"} for f in res.findings), res.findings
     for row in res.rows.rows:

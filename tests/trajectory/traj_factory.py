@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fineenvs.trajectory import CallNode
 
 
@@ -50,3 +52,22 @@ def chain(n_turns: int, *, start: int = 0, system: list[int] | None = None) -> l
         nodes.append(call(start + k, prompt, sampled))
         prompt = end(nodes[-1]) + [base + 50, base + 51]  # tool result + template glue
     return nodes
+
+
+def proxy_calls_to_nodes(calls: list[dict[str, Any]]) -> list[CallNode]:
+    """The proxy's recorded calls (``GET /sessions/{id}/rollout`` -> ``calls``) as graph nodes."""
+    return [
+        CallNode(
+            node_id=c["call_id"],
+            prompt_ids=list(c["prompt_ids"]),
+            sampled_ids=list(c["sampled_ids"]),
+            logprobs=c.get("logprobs"),
+            finish_reason=c.get("finish_reason"),
+            has_tools=bool(c.get("has_tools")),
+            arrival_index=int(c.get("index", i)),
+            weight_version=c.get("weight_version"),
+            harness_ids=dict(c.get("harness_ids") or {}),
+            logprobs_aligned=bool(c.get("logprobs_aligned", True)),
+        )
+        for i, c in enumerate(calls)
+    ]
