@@ -25,14 +25,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
-BLOCK = 256
+BLOCK = 512
 _DIGEST = 12
 
 
-def token_bytes(ids: Sequence[int]) -> bytes:
-    return array("i", ids).tobytes() if not isinstance(ids, array) else ids.tobytes()
+def token_bytes(ids: Sequence[int] | np.ndarray | array) -> bytes:
+    if isinstance(ids, np.ndarray):
+        return ids.astype(np.int32, copy=False).tobytes()
+    return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
 
 
 def _h(*parts: bytes) -> bytes:
@@ -106,7 +109,8 @@ def message_digests(messages: Sequence[Any]) -> list[bytes]:
     out: list[bytes] = []
     prev = b""
     for message in messages:
-        prev = _h(prev, orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+        # Key order is the dialect's, deterministic for the same input: no need to sort.
+        prev = _h(prev, orjson.dumps(message))
         out.append(prev)
     return out
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from fineenvs.proxy.delta import (
@@ -268,7 +269,7 @@ class CallStore:
         session_id: str,
         call_id: str,
         *,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[int] | np.ndarray,
         sampled_ids: Sequence[int],
         messages: list[Any],
         tools: list[Any] | None,

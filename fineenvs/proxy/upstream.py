@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
-from array import array
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable
@@ -89,7 +91,7 @@ class EngineRequest:
 class EngineResult:
     completion: dict[str, Any]
     message: dict[str, Any]
-    prompt_ids: array | None
+    prompt_ids: np.ndarray | None
     sampled_ids: list[int]
     logprobs: list[float] | None
     logprobs_aligned: bool
@@ -201,7 +203,9 @@ async def post_with_retries(
     )
 
 
-def parse_completion(data: Any, *, attempts: int, upstream_s: float) -> EngineResult:
+def parse_completion(
+    data: Any, *, attempts: int, upstream_s: float, prompt_ids: np.ndarray | None = None
+) -> EngineResult:
     """Pull the token-level capture out of the engine reply and leave a lean completion for dialects."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise UpstreamError(
@@ -214,7 +218,11 @@ def parse_completion(data: Any, *, attempts: int, upstream_s: float) -> EngineRe
     raw_prompt = data.pop("prompt_token_ids", None)
     if raw_prompt is None:
         raw_prompt = choice.pop("prompt_token_ids", None)  # SGLang puts them on the choice
-    prompt_ids = array("i", raw_prompt) if isinstance(raw_prompt, list) else None
+    if prompt_ids is None and isinstance(raw_prompt, list):
+        try:
+            prompt_ids = np.array(raw_prompt, dtype=np.int32)
+        except (TypeError, ValueError, OverflowError):
+            prompt_ids = None
     if prompt_ids is None:
         notes.append("engine returned no prompt_token_ids: call kept as context only")
     sampled = choice.pop("token_ids", None)
@@ -277,12 +285,48 @@ def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | No
     return out, True, ""
 
 
+_PROMPT_IDS_KEY = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
+
+
+def split_prompt_ids(raw: bytes) -> tuple[np.ndarray | None, bytes]:
+    """Parse ``prompt_token_ids`` straight from the reply bytes into an int32 array.
+
+    A 50,000-token prompt as Python ints costs more CPU than the rest of the call together
+    (orjson builds 50,000 int objects, then they are packed again for hashing); numpy reads the
+    digits directly. The key cannot occur inside a JSON string (its quotes would be escaped).
+    Returns ``(None, raw)`` when the key is absent or the list is not plain integers.
+    """
+    m = _PROMPT_IDS_KEY.search(raw)
+    if m is None:
+        return None, raw
+    end = raw.find(b"]", m.end())
+    if end < 0:
+        return None, raw
+    segment = raw[m.end() : end]
+    if not segment.strip():
+        ids = np.zeros(0, dtype=np.int32)
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                ids64 = np.fromstring(segment, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None, raw
+        if ids64.size != segment.count(b",") + 1 or (
+            ids64.size and (ids64.min() < 0 or ids64.max() >= 2**31)
+        ):
+            return None, raw
+        ids = ids64.astype(np.int32)
+    return ids, raw[: m.start()] + b'"prompt_token_ids":null' + raw[end + 1 :]
+
+
 def decode_reply(resp: EngineResponse, *, attempts: int, upstream_s: float) -> EngineResult:
+    prompt_ids, rest = split_prompt_ids(resp.content)
     try:
-        data = orjson.loads(resp.content)
+        data = orjson.loads(rest)
     except orjson.JSONDecodeError as exc:
         raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
-    return parse_completion(data, attempts=attempts, upstream_s=upstream_s)
+    return parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt_ids=prompt_ids)
 
 
 async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
