@@ -16,12 +16,20 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from subprocess import Popen
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
-from fineenvs.engine.launcher import EngineUnavailableError, free_port, launched, launched_async, require_cuda
+from fineenvs.engine.launcher import (
+    EngineStartError,
+    EngineUnavailableError,
+    free_port,
+    launched,
+    launched_async,
+    require_cuda,
+)
 from fineenvs.engine.vllm import VLLMServeArgs, build_serve_command, build_serve_env, prepare_chat_template
 from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync, WeightSync
 
@@ -106,46 +114,68 @@ def attach(
     )
 
 
+Build = Callable[[int], tuple[list[str], dict[str, str] | None, EngineHandle]]
+"""port -> (command, environment or None to inherit, handle): one launch attempt."""
+
+_PORT_TRIES = 3
+
+
+def _port_taken(exc: EngineStartError) -> bool:
+    return "address already in use" in str(exc).lower()
+
+
 class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextManager[EngineHandle]):
-    """A launched engine as a context manager, sync or async; the handle is valid inside the block."""
+    """A launched engine as a context manager, sync or async; the handle is valid inside the block.
+
+    With ``port=0`` a free port is picked at entry. Another process can take it before the server
+    binds (tests and sweeps start engines concurrently); the child then dies with "address already
+    in use", and a new port is tried, up to three times."""
 
     def __init__(
-        self,
-        *,
-        cmd: list[str],
-        env: dict[str, str] | None,
-        handle: EngineHandle,
-        log_path: Path,
-        timeout_s: float,
-        grace_s: float,
-        before_start: Callable[[], None] | None = None,
+        self, *, build: Build, host: str, port: int, log_path: Path, timeout_s: float, grace_s: float
     ) -> None:
-        self.cmd, self.env, self.handle, self.log_path = cmd, env, handle, log_path
-        self.timeout_s, self.grace_s, self.before_start = timeout_s, grace_s, before_start
-        self._sync: AbstractContextManager[object] | None = None
-        self._async: AbstractAsyncContextManager[object] | None = None
+        self.build, self.host, self.port, self.log_path = build, host, port, log_path
+        self.timeout_s, self.grace_s = timeout_s, grace_s
+        self.handle: EngineHandle | None = None
+        self._sync: AbstractContextManager[Popen[bytes]] | None = None
+        self._async: AbstractAsyncContextManager[Popen[bytes]] | None = None
 
-    def _kwargs(self) -> dict[str, object]:
+    def _attempt(self) -> tuple[list[str], dict[str, str] | None, EngineHandle]:
+        return self.build(self.port or free_port(self.host))
+
+    def _kwargs(self, handle: EngineHandle, env: dict[str, str] | None) -> dict[str, Any]:
         return {
-            "base_url": self.handle.url,
+            "base_url": handle.url,
             "log_path": self.log_path,
-            "env": self.env,
+            "env": env,
             "timeout_s": self.timeout_s,
             "grace_s": self.grace_s,
-            "name": f"{self.handle.kind} engine",
-            "before_start": self.before_start,
+            "name": f"{handle.kind} engine",
         }
 
+    def _retry(self, attempt: int, handle: EngineHandle, exc: EngineStartError) -> bool:
+        if handle.weight_sync is not None:
+            handle.weight_sync.close()
+        return self.port == 0 and attempt + 1 < _PORT_TRIES and _port_taken(exc)
+
     def __enter__(self) -> EngineHandle:
-        self._sync = launched(self.cmd, **self._kwargs())  # type: ignore[arg-type]
-        proc = self._sync.__enter__()
-        self.handle.pid = getattr(proc, "pid", None)
-        return self.handle
+        for attempt in range(_PORT_TRIES):
+            cmd, env, handle = self._attempt()
+            launch = launched(cmd, **self._kwargs(handle, env))
+            try:
+                proc = launch.__enter__()
+            except EngineStartError as exc:
+                if self._retry(attempt, handle, exc):
+                    continue
+                raise
+            self._sync, self.handle, handle.pid = launch, handle, proc.pid
+            return handle
+        raise AssertionError("unreachable: the last attempt re-raises")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._sync is not None
+        assert self._sync is not None and self.handle is not None
         try:
             if self.handle.weight_sync is not None:
                 self.handle.weight_sync.close()
@@ -153,15 +183,23 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             self._sync.__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> EngineHandle:
-        self._async = launched_async(self.cmd, **self._kwargs())  # type: ignore[arg-type]
-        proc = await self._async.__aenter__()
-        self.handle.pid = getattr(proc, "pid", None)
-        return self.handle
+        for attempt in range(_PORT_TRIES):
+            cmd, env, handle = self._attempt()
+            launch = launched_async(cmd, **self._kwargs(handle, env))
+            try:
+                proc = await launch.__aenter__()
+            except EngineStartError as exc:
+                if self._retry(attempt, handle, exc):
+                    continue
+                raise
+            self._async, self.handle, handle.pid = launch, handle, proc.pid
+            return handle
+        raise AssertionError("unreachable: the last attempt re-raises")
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._async is not None
+        assert self._async is not None and self.handle is not None
         try:
             if self.handle.weight_sync is not None:
                 self.handle.weight_sync.close()
@@ -173,7 +211,7 @@ def launch_transformers_engine(
     model: str,
     *,
     log_dir: Path,
-    port: int | None = None,
+    port: int = 0,
     host: str = "127.0.0.1",
     served_model_name: str | None = None,
     seed: int = 0,
@@ -186,31 +224,35 @@ def launch_transformers_engine(
     grace_s: float = 10.0,
 ) -> EngineLaunch:
     """The embedded engine (``python -m fineenvs.engine serve``) with its log in ``log_dir``.
-    ``model`` is a tiny model name or a local HF directory; None options keep the server's defaults."""
-    port = port or free_port(host)
-    cmd = [python or sys.executable, "-m", "fineenvs.engine", "serve", "--model", model]
-    cmd += ["--host", host, "--port", str(port), "--seed", str(seed), "--dtype", dtype]
+    ``model`` is a tiny model name or a local HF directory; None options keep the server's defaults;
+    ``port=0`` picks a free port."""
     optional = {
         "--served-model-name": served_model_name,
         "--max-queue": max_queue,
         "--max-model-len": max_model_len,
         "--tool-call-parser": tool_call_parser,
     }
-    for flag, value in optional.items():
-        if value is not None:
-            cmd += [flag, str(value)]
-    url = f"http://{host}:{port}"
-    handle = EngineHandle(
-        url=url,
-        served_model_name=served_model_name or model,
-        kind="transformers",
-        weight_sync=EmbeddedWeightSync(url, log_dir / "weights"),
-        log_path=log_dir / "engine.log",
-    )
+
+    def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:
+        cmd = [python or sys.executable, "-m", "fineenvs.engine", "serve", "--model", model]
+        cmd += ["--host", host, "--port", str(chosen), "--seed", str(seed), "--dtype", dtype]
+        for flag, value in optional.items():
+            if value is not None:
+                cmd += [flag, str(value)]
+        url = f"http://{host}:{chosen}"
+        handle = EngineHandle(
+            url=url,
+            served_model_name=served_model_name or model,
+            kind="transformers",
+            weight_sync=EmbeddedWeightSync(url, log_dir / "weights"),
+            log_path=log_dir / "engine.log",
+        )
+        return cmd, None, handle
+
     return EngineLaunch(
-        cmd=cmd,
-        env=None,
-        handle=handle,
+        build=build,
+        host=host,
+        port=port,
         log_path=log_dir / "engine.log",
         timeout_s=timeout_s,
         grace_s=grace_s,
@@ -227,7 +269,7 @@ def launch_vllm(
 ) -> EngineLaunch:
     """The published vLLM command. Refuses on a machine without enough GPUs before writing or
     starting anything; writes the patched chat template into ``log_dir`` when ``args.chat_template``
-    is None."""
+    is None; ``args.port=0`` picks a free port."""
     gpus = check_gpu()
     needed = args.tensor_parallel_size * args.data_parallel_size
     if len(gpus) < needed:
@@ -248,25 +290,28 @@ def launch_vllm(
             "(`python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0`) and set "
             "engine.python=~/venvs/vllm/bin/python, or attach to a running server with engine.url=..."
         )
-    args = prepare_chat_template(args, log_dir)
-    if args.port == 0:
-        args = replace(args, port=free_port(args.host))
-    weight_sync: WeightSync | None = None
-    if args.weight_sync == "nccl":
-        weight_sync = VLLMNcclWeightSync(args.url)
-    elif args.weight_sync == "reload":
-        weight_sync = VLLMReloadWeightSync(args.url, log_dir / "weights")
-    handle = EngineHandle(
-        url=args.url,
-        served_model_name=args.name,
-        kind="vllm",
-        weight_sync=weight_sync,
-        log_path=log_dir / "vllm.log",
-    )
+    prepared = prepare_chat_template(args, log_dir)
+
+    def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:
+        served = replace(prepared, port=chosen)
+        weight_sync: WeightSync | None = None
+        if served.weight_sync == "nccl":
+            weight_sync = VLLMNcclWeightSync(served.url)
+        elif served.weight_sync == "reload":
+            weight_sync = VLLMReloadWeightSync(served.url, log_dir / "weights")
+        handle = EngineHandle(
+            url=served.url,
+            served_model_name=served.name,
+            kind="vllm",
+            weight_sync=weight_sync,
+            log_path=log_dir / "vllm.log",
+        )
+        return build_serve_command(served), build_serve_env(served), handle
+
     return EngineLaunch(
-        cmd=build_serve_command(args),
-        env=build_serve_env(args),
-        handle=handle,
+        build=build,
+        host=args.host,
+        port=args.port,
         log_path=log_dir / "vllm.log",
         timeout_s=timeout_s,
         grace_s=grace_s,

@@ -279,3 +279,40 @@ def test_cuda_visible_devices_filters_nvidia_smi(tmp_path: Path) -> None:
     assert cuda_devices(nvidia_smi=str(smi), env={"CUDA_VISIBLE_DEVICES": "GPU-aaa"})[0] == [
         "GPU 0: H100 (UUID: GPU-aaa)"
     ]
+
+
+def test_auto_port_taken_by_someone_else_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import fineenvs.engine.handle as handle_module
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    second = free_port()
+    picks = iter([busy.getsockname()[1], second])
+    monkeypatch.setattr(handle_module, "free_port", lambda host="127.0.0.1": next(picks))
+    args = VLLMServeArgs(model="m", port=0, python=str(fake_vllm_venv(tmp_path / "venv")))
+    try:
+        with launch_vllm(args, tmp_path / "run", check_gpu=ONE_GPU, timeout_s=20) as engine:
+            assert engine.url == f"http://127.0.0.1:{second}"
+            assert httpx.get(engine.url + "/health").status_code == 200
+    finally:
+        busy.close()
+    log = (tmp_path / "run" / "vllm.log").read_text()
+    assert "Address already in use" in log and log.count("fake engine starting") == 2
+
+
+def test_fixed_port_taken_is_not_retried(tmp_path: Path) -> None:
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    args = VLLMServeArgs(model="m", port=busy.getsockname()[1], python=str(fake_vllm_venv(tmp_path / "venv")))
+    try:
+        with pytest.raises(EngineStartError, match="Address already in use"):
+            with launch_vllm(args, tmp_path / "run", check_gpu=ONE_GPU, timeout_s=20):
+                pass
+    finally:
+        busy.close()
