@@ -10,6 +10,13 @@ turns, compaction when a prompt would pass ``--max-prompt`` tokens) and prints:
 3. in-order against shuffled arrival (same graph required);
 4. row export (every leaf's row): time per 1M row tokens.
 
+Measured on the shared 2-core development machine (CPU time, default flags): 92-110 us per call
+and 185-216 us per 1k unique tokens from 100 to 10,000 calls (flat: linear in unique tokens; the
+prompt itself is read at about 7 ns per token); all-pairs 8x slower at 100 calls and 19x at 300
+(quadratic: 70 -> 544 ms for 3x the calls); shuffled arrival 1.8x in-order with the identical
+graph; row export 30 ns per row token from 100 to 10,000 calls; the graph holds 0.04x the sum of
+prompt lengths (6.0M token ids for 147M prompt tokens, 5.0M unique).
+
 Every figure is the median of ``--repeats`` runs of process CPU time (stable on a shared machine,
 where wall time mostly measures the neighbours), with the cyclic garbage collector paused while
 timing. Times exclude generating the synthetic calls.
