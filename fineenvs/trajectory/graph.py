@@ -43,7 +43,7 @@ prefixes, not the sum of its prompt lengths.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from fineenvs.trajectory._trie import Edge, TokenTrie, common_prefix
@@ -74,6 +74,11 @@ class GraphStats:
     sampled_tokens: int
     unique_tokens: int  # distinct token prefixes stored by the index
     held_tokens: int  # token ids the graph keeps (index + delta copies)
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    """Tolerate other int sequences (array('i'), tuples) without copying lists twice."""
+    return ids if type(ids) is list else list(ids)
 
 
 class _Entry:
@@ -148,7 +153,7 @@ class TrajectoryGraph:
             entry.prompt_group = [idx]
             self._copied_tokens += slen
             return
-        seq = node.prompt_ids + node.sampled_ids
+        seq = _as_list(node.prompt_ids) + _as_list(node.sampled_ids)
         path, matched, fresh = self._trie.insert(seq)
         trie = self._trie
         entry.prompt_group = trie.mark_prompt(trie.edge_at(path, plen), plen, idx)
