@@ -200,7 +200,7 @@ def _make_row(
         role=role,
         trainable=role != "discarded" and any(mask),
         prompt_len=graph.entry_span(path[0])[0],
-        metadata=metadata,
+        metadata=dict(metadata),  # per row: consumers may annotate one row without touching the rest
     )
 
 
