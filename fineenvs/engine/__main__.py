@@ -58,8 +58,20 @@ def resolve_model(model: str, seed: int = 0) -> Path:
     return path
 
 
+def _hydra_style(argv: list[str]) -> list[str]:
+    """Accept ``model=tiny_qwen max_queue=8`` next to ``--model tiny_qwen --max-queue 8``."""
+    out: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and not arg.startswith("-") and key.replace("_", "").isalnum():
+            out += [f"--{key.replace('_', '-')}", value]
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(_hydra_style(sys.argv[1:] if argv is None else argv))
     import uvicorn
 
     from fineenvs.engine.server import create_engine_app
