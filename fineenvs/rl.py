@@ -270,7 +270,11 @@ async def _run_rl(run: RunConfig) -> float:
     digest = schedule_hash(schedule)
     (out / "schedule.json").write_text(json.dumps({"hash": digest, "groups": [asdict(g) for g in schedule]}))
     state_path = out / "rollout_state.json"
-    state = RolloutState.load_or_new(state_path, digest)
+    ckpt_root = out / "checkpoints"
+    resume = latest_checkpoint(ckpt_root)
+    # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
+    # trained after the last checkpoint were lost with those updates and may run again.
+    state = RolloutState.load_or_new(resume / "rollout_state.json" if resume else state_path, digest)
     reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     rows_cfg = run.rows
     row_options = RowOptions(
@@ -293,8 +297,6 @@ async def _run_rl(run: RunConfig) -> float:
         proxy_url = start_proxy(run, engine, out, stack)
         print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
         trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
-        ckpt_root = out / "checkpoints"
-        resume = latest_checkpoint(ckpt_root)
         if resume is not None:
             trainer.load_checkpoint(resume)
             stats.steps = trainer.global_step

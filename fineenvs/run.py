@@ -38,6 +38,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
         print(f"fineenvs: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     run.output_dir = str(_output_dir(run))
+    # One line per HTTP call from the control-plane client would drown the progress lines.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     print(describe_plan(run))
     problems = preflight(run)
     if run.dry_run:

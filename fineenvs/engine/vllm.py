@@ -70,10 +70,12 @@ PROFILES: dict[ModelFamily, ModelProfile] = {
     ModelFamily.generic: ModelProfile(None, None),
 }
 
-# The published runs' base models with their pinned Hub revisions (FineEnvs configs/default.json).
+# The published runs' base models. They pinned Hub revisions, but only the prefixes are public
+# (LFM 654f9463..., Qwen 15852e8c...): a full hash must come from the user (model.revision=<sha>),
+# never be guessed here.
 PUBLISHED_MODELS: dict[str, tuple[str, str | None]] = {
-    "lfm": ("LiquidAI/LFM2.5-2.6B", "654f9463ce32b05d0429d76fe1f580b27d4c1ac0"),
-    "qwen": ("Qwen/Qwen3.5-2B", "15852e8c16360a2fea060d615a32b45270f8a8fc"),
+    "lfm": ("LiquidAI/LFM2.5-2.6B", None),
+    "qwen": ("Qwen/Qwen3.5-2B", None),
     "teacher": ("Qwen/Qwen3.8-27B", None),
 }
 
