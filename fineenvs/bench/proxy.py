@@ -52,8 +52,12 @@ VOCAB = 151_000
 def _standin_reply(body: bytes) -> bytes:
     import numpy as np
 
-    usable = len(body) // 4 * 4
-    ids = np.frombuffer(body[:usable], dtype="<u4") % VOCAB
+    # Render like a chat template (tools first, then messages in order) so that a longer
+    # conversation's prompt extends the shorter one's, then read 4 bytes as one token.
+    request = orjson.loads(body) if body else {}
+    rendered = orjson.dumps(request.get("tools")) + b"".join(orjson.dumps(m) for m in request.get("messages", []))
+    usable = len(rendered) // 4 * 4
+    ids = np.frombuffer(rendered[:usable], dtype="<u4") % VOCAB
     head = {
         "id": "chatcmpl-standin",
         "object": "chat.completion",

@@ -129,7 +129,7 @@ class SessionRegistry:
             raise ValueError(f"max_model_calls={budget} must be >= 1.")
         key = secrets.token_urlsafe(32)
         session = Session(session_id, key_digest(key), metadata, budget, time.time())
-        await self.store.save_meta(session_id, session.meta())
+        await self.store.create_session(session_id, session.meta())
         self.by_id[session_id] = session
         self.by_digest[session.key_sha256] = session
         return session, key

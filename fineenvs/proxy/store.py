@@ -199,9 +199,16 @@ class CallStore:
             )
         return self.sessions_dir / session_id
 
+    async def create_session(self, session_id: str, meta: dict[str, Any]) -> None:
+        """A brand-new session: its (empty) delta index needs no look at the disk later."""
+        self.session_dir(session_id).mkdir(parents=True, exist_ok=True)
+        self._indexes[session_id] = SessionIndex()
+        await self.save_meta(session_id, meta)
+
     async def save_meta(self, session_id: str, meta: dict[str, Any]) -> None:
         directory = self.session_dir(session_id)
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
         await self._write(
             directory / "meta.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2), replace=True
         )

@@ -215,3 +215,21 @@ def test_client_disconnect_mid_stream_keeps_record_and_proxy_healthy(make_proxy:
     assert call["prompt_ids"] == h.engine.prompt_ids(h.engine.requests[-1]["messages"])
     healthy(h)
     assert post(h, s, "openai_chat", "after").status_code == 200
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_budget_stop_in_every_format(make_proxy: Any, fmt: str, stream: bool) -> None:
+    h = make_proxy(max_model_calls=1)
+    s = h.session()
+    assert post(h, s, fmt, "first").status_code == 200
+    r = post(h, s, fmt, "second", stream=stream)
+    assert r.status_code == 200
+    if stream:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert b"model calls it is allowed" in r.content
+        assert (b"data: [DONE]" in r.content) == (fmt == "openai_chat")
+    else:
+        assert "model calls it is allowed" in reply_text(fmt, r.json())
+    assert len(h.engine.requests) == 1
+    assert [e["kind"] for e in h.store.read_session(s["session_id"])["events"]] == ["budget_stop"]
