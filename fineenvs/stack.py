@@ -1,0 +1,97 @@
+"""Assembling a job's runtime from the typed config: model directory, tasks, engine, proxy.
+
+Shared by every job (RL, teacher collection, evaluation): each builder takes the ``RunConfig``
+and an ``ExitStack`` that stops what it started, in reverse order, on any exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import EngineKind, ModelSource, RunConfig
+
+
+def resolve_model_dir(run: RunConfig) -> Path:
+    """Where the trainer (and the embedded engine) load the policy from."""
+    m = run.model
+    if m.source is ModelSource.tiny:
+        from fineenvs.models.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(m.path, seed=m.seed)
+    return Path(m.path)
+
+
+def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
+    """The run's tasks in their fixed order: filters, then the training subset, then ``tasks.limit``."""
+    from fineenvs.tasks import TaskFilter, load_tasks
+
+    t = run.tasks
+    split = split or t.split
+    filters = TaskFilter(difficulties=tuple(t.difficulties)) if t.difficulties else None
+    subset = t.subset if split == "train" else None
+    return list(
+        load_tasks(
+            t.name, split=split, path=t.path, revision=t.revision, filters=filters, seed=t.seed,
+            subset=subset, limit=t.limit,
+        )
+    )  # fmt: skip
+
+
+def start_engine(run: RunConfig, model_dir: Path, out: Path, stack: ExitStack) -> Any:
+    """Launch (or attach to) the engine; returns its ``EngineHandle``."""
+    from fineenvs.engine import attach, launch_transformers_engine, launch_vllm
+
+    e = run.engine
+    if e.url:
+        return attach(e.url)
+    if e.kind is EngineKind.transformers:
+        launch = launch_transformers_engine(
+            str(model_dir) if run.model.source is not ModelSource.tiny else run.model.path,
+            log_dir=out / "engine",
+            host=e.host,
+            port=e.port,
+            served_model_name=run.model.name,
+            seed=run.seed,
+            dtype=e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype),
+            timeout_s=e.health_timeout_seconds,
+        )
+        return stack.enter_context(launch)
+    from fineenvs.engine.vllm import prepare_chat_template
+    from fineenvs.plan import vllm_args
+
+    args = prepare_chat_template(vllm_args(run), out / "engine")
+    return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
+
+
+def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str:
+    """The capture proxy as a child process on loopback; returns its base URL."""
+    from fineenvs.engine.launcher import free_port, launched
+
+    p = run.proxy
+    port = p.port or free_port(p.host)
+    store = Path(p.store_dir) if p.store_dir else out / "records"
+    cmd = [
+        sys.executable, "-m", "fineenvs.proxy", "serve",
+        "--engine-url", engine.url,
+        "--served-model", engine.served_model_name,
+        "--host", p.host, "--port", str(port),
+        "--store-dir", str(store),
+        "--max-model-calls", str(p.max_model_calls),
+        "--max-output-tokens", str(p.max_output_tokens),
+        "--temperature", str(run.sampling.temperature),
+        "--max-body-bytes", str(p.max_body_bytes),
+        "--keepalive-seconds", str(p.keepalive_seconds),
+        "--retries", str(p.upstream_retries),
+    ]  # fmt: skip
+    env = dict(os.environ, FINEENVS_ADMIN_KEY=p.admin_key) if p.admin_key else None
+    url = f"http://{p.host}:{port}"
+    stack.enter_context(
+        launched(
+            cmd, base_url=url, log_path=out / "proxy.log", env=env, health_paths=("/health",), name="proxy"
+        )
+    )
+    return url
