@@ -3,23 +3,40 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from fineenvs.config import Job, RunConfig
 
 
+def _runner(job: Job) -> Callable[[RunConfig], float | None]:
+    if job is Job.rl:
+        from fineenvs.rl import run_rl
+
+        return run_rl
+    if job is Job.collect_teacher:
+        from fineenvs.sft import run_collect_teacher
+
+        return run_collect_teacher
+    if job is Job.sft:
+        from fineenvs.sft import run_sft
+
+        return run_sft
+    from fineenvs.eval import run_eval
+
+    return run_eval
+
+
 def run_job(run: RunConfig) -> float | None:
     """Run the configured job; returns the sweep objective (mean reward or pass@1) when there is one."""
-    if run.job is Job.rl:
-        from fineenvs.rl import RunAborted, run_rl
+    from fineenvs.rl import RunAborted
 
-        try:
-            return run_rl(run)
-        except RunAborted as err:
-            print(f"fineenvs: run aborted: {err}", file=sys.stderr)
-            raise SystemExit(5) from None
-    print(
-        f"fineenvs: job={run.job.value} is not available in this build yet; only dry_run=true works for it. "
-        "See README, 'Current limitations'.",
-        file=sys.stderr,
-    )
-    raise SystemExit(4)
+    try:
+        runner = _runner(run.job)
+    except ImportError as err:
+        print(f"fineenvs: job={run.job.value} is not available in this build ({err}).", file=sys.stderr)
+        raise SystemExit(4) from None
+    try:
+        return runner(run)
+    except RunAborted as err:
+        print(f"fineenvs: run aborted: {err}", file=sys.stderr)
+        raise SystemExit(5) from None
