@@ -16,7 +16,6 @@ engines, TLS (bind loopback or put a TLS terminator in front).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import re
 import time
@@ -34,6 +33,7 @@ from starlette.routing import Route
 
 from fineenvs.dialects import DIALECTS, DialectError, aux_response, aux_route, detect, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
+from fineenvs.proxy.control import ControlPlane
 from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
@@ -45,6 +45,7 @@ from fineenvs.proxy.upstream import (
     decode_reply,
     post_with_retries,
 )
+from fineenvs.proxy.wire import bearer, json_response
 
 log = logging.getLogger("fineenvs.proxy")
 
@@ -73,10 +74,6 @@ CONTEXT_TEXT = (
 )
 
 
-def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
-
-
 @dataclass
 class Outcome:
     """What one forwarded model call produced: an engine completion, a stop reply, or an error."""
@@ -85,13 +82,6 @@ class Outcome:
     completion: dict[str, Any] | None = None
     status: int = 200
     message: str = ""
-
-
-def _bearer(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization")
-    if auth and auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return None
 
 
 def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, Any]:
@@ -128,21 +118,6 @@ class ProxyApp:
     def _error(self, dialect: Dialect, status: int, message: str, kind: str | None = None) -> Response:
         return json_response(dialect.error_body(status, message, kind=kind), status)
 
-    def _admin_denied(self, request: Request) -> Response | None:
-        expected = self.settings.admin_key
-        if not expected:
-            return None
-        presented = _bearer(request.headers) or request.headers.get("x-admin-key") or ""
-        if hmac.compare_digest(presented.encode(), expected.encode()):
-            return None
-        return json_response(
-            {
-                "error": "fineenvs proxy: control routes need the admin key "
-                "(Authorization: Bearer <admin key> or x-admin-key)."
-            },
-            401,
-        )
-
     async def _read_body(self, request: Request) -> bytes | None:
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
@@ -156,104 +131,6 @@ class ProxyApp:
                 return None
             chunks.append(chunk)
         return b"".join(chunks)
-
-    # -- control plane -------------------------------------------------------------------------
-
-    async def health(self, request: Request) -> Response:
-        return json_response(
-            {
-                "status": "ok",
-                "served_model": self.settings.served_model,
-                "sessions": len(self.sessions.by_digest),
-                "inflight": self.inflight,
-                "uptime_s": round(time.time() - self.started, 3),
-            }
-        )
-
-    async def create_session(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        try:
-            payload = orjson.loads(await request.body() or b"{}")
-        except orjson.JSONDecodeError as exc:
-            return json_response({"error": f"fineenvs proxy: POST /sessions body is not JSON: {exc}"}, 400)
-        if not isinstance(payload, dict):
-            return json_response({"error": "fineenvs proxy: POST /sessions body must be a JSON object."}, 400)
-        metadata = payload.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            return json_response({"error": "fineenvs proxy: metadata must be a JSON object."}, 400)
-        metadata = dict(metadata)
-        for key in ("task", "group", "harness", "attempt", "policy_version"):
-            if key in payload:
-                metadata[key] = payload[key]
-        budget = payload.get("max_model_calls")
-        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
-            return json_response(
-                {"error": f"fineenvs proxy: max_model_calls must be an integer, got {budget!r}."}, 400
-            )
-        session_id = payload.get("session_id")
-        if session_id is not None and not isinstance(session_id, str):
-            return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
-        try:
-            session, key = await self.sessions.create(metadata, max_model_calls=budget, session_id=session_id)
-        except ValueError as exc:
-            return json_response({"error": f"fineenvs proxy: {exc}"}, 400)
-        base = str(request.base_url).rstrip("/")
-        return json_response(
-            {
-                "session_id": session.session_id,
-                "key": key,
-                "base_url": f"{base}/s/{key}",
-                "max_model_calls": session.max_model_calls,
-                "metadata": session.metadata,
-            },
-            201,
-        )
-
-    async def list_sessions(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        return json_response({"sessions": [s.stats() for s in list(self.sessions.by_id.values())]})
-
-    def _session_or_404(self, request: Request) -> Session | Response:
-        sid = request.path_params["session_id"]
-        session = self.sessions.get(sid)
-        if session is None:
-            return json_response(
-                {"error": f"fineenvs proxy: no session {sid!r}; GET /sessions lists them."}, 404
-            )
-        return session
-
-    async def session_stats(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        session = self._session_or_404(request)
-        return session if isinstance(session, Response) else json_response(session.stats())
-
-    async def rollout(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        session = self._session_or_404(request)
-        if isinstance(session, Response):
-            return session
-        data = await asyncio.to_thread(self.store.read_session, session.session_id)
-        body: dict[str, Any] = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
-        metadata = {**session.metadata, "session_id": session.session_id}
-        body.update(await asyncio.to_thread(build_trajectory, data["calls"], metadata))
-        return json_response(body)
-
-    async def delete_session(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        session = self._session_or_404(request)
-        if isinstance(session, Response):
-            return session
-        await self.sessions.close(session)
-        purge = request.query_params.get("purge", "").lower() in ("1", "true", "yes")
-        if purge:
-            await asyncio.to_thread(self.store.delete_session_files, session.session_id)
-            self.sessions.forget(session)
-        return json_response({"session_id": session.session_id, "closed": True, "purged": purge})
 
     # -- model calls ---------------------------------------------------------------------------
 
@@ -337,7 +214,7 @@ class ProxyApp:
             return self._error(
                 dialect, 501, f"the {name} format is not available in this build of the proxy."
             )
-        key = path_key or _bearer(headers) or headers.get("x-api-key") or headers.get("x-goog-api-key")
+        key = path_key or bearer(headers) or headers.get("x-api-key") or headers.get("x-goog-api-key")
         key = key or request.query_params.get("key")
         session = self.sessions.lookup(key) if key else None
         if session is None:
@@ -545,29 +422,6 @@ async def _iter_bytes(events: list[bytes]) -> AsyncIterator[bytes]:
     yield b"".join(events)
 
 
-def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
-    """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
-    from fineenvs.trajectory import CallNode, build_session, session_to_json
-
-    nodes = [
-        CallNode(
-            node_id=c["call_id"],
-            prompt_ids=c["prompt_ids"],
-            sampled_ids=c["sampled_ids"],
-            logprobs=c.get("logprobs"),
-            finish_reason=c.get("finish_reason"),
-            has_tools=bool(c.get("has_tools")),
-            arrival_index=int(c.get("index", i)),
-            weight_version=c.get("weight_version"),
-            harness_ids={k: str(v) for k, v in (c.get("harness_ids") or {}).items()},
-            metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
-            logprobs_aligned=bool(c.get("logprobs_aligned")) and bool(c["prompt_ids"]),
-        )
-        for i, c in enumerate(calls)
-    ]
-    return {"trajectory": session_to_json(build_session(nodes, metadata))}
-
-
 def create_proxy_app(
     settings: ProxySettings, *, upstream: httpx.AsyncClient | None = None, store: CallStore
 ) -> Starlette:
@@ -579,6 +433,7 @@ def create_proxy_app(
         else RawEngine(settings.upstream_url, max_connections=settings.max_upstream_concurrency)
     )
     proxy = ProxyApp(settings, engine, store)
+    control = ControlPlane(proxy)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -593,12 +448,12 @@ def create_proxy_app(
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     handlers: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
-        ("/health", proxy.health, ["GET", "HEAD"]),
-        ("/sessions", proxy.create_session, ["POST"]),
-        ("/sessions", proxy.list_sessions, ["GET"]),
-        ("/sessions/{session_id}", proxy.session_stats, ["GET"]),
-        ("/sessions/{session_id}", proxy.delete_session, ["DELETE"]),
-        ("/sessions/{session_id}/rollout", proxy.rollout, ["GET"]),
+        ("/health", control.health, ["GET", "HEAD"]),
+        ("/sessions", control.create_session, ["POST"]),
+        ("/sessions", control.list_sessions, ["GET"]),
+        ("/sessions/{session_id}", control.session_stats, ["GET"]),
+        ("/sessions/{session_id}", control.delete_session, ["DELETE"]),
+        ("/sessions/{session_id}/rollout", control.rollout, ["GET"]),
         ("/{path:path}", proxy.model_route, methods),
     ]
     app = Starlette(routes=[Route(p, h, methods=m) for p, h, m in handlers], lifespan=lifespan)
