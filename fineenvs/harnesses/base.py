@@ -141,9 +141,16 @@ class Harness(ABC):
 
     @abstractmethod
     def command(
-        self, task_prompt: str, *, home: Path, workdir: Path, model: str, api_format: str
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
     ) -> list[str]:
-        """The argv that runs the agent headless on one task."""
+        """The argv that runs the agent headless on one task (step_limit where a flag honours it)."""
 
     def env(
         self,

@@ -8,6 +8,7 @@ widely used tool-calling coding agent whose CLI ships as a native binary inside 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fineenvs.harnesses.base import (
     OPENAI_CHAT,
@@ -115,7 +116,8 @@ class Cline(Harness):
         tool_calls = 0
         final: str | None = None
         for ev in events:
-            inner = ev.get("event") if isinstance(ev.get("event"), dict) else {}
+            raw = ev.get("event")
+            inner: dict[str, Any] = raw if isinstance(raw, dict) else {}
             if ev.get("type") == "agent_event" and inner.get("type") == "iteration_end":
                 count = inner.get("toolCallCount")
                 tool_calls += count if isinstance(count, int) else 0

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.harness
 
 MODEL = "tiny_qwen"
 TASK = "Compute 6*7 and write only the number to a file named answer.txt in the current directory using the shell."
-CASES = [pytest.param(name, fmt, id=f"{name}-{fmt}") for name, h in HARNESSES.items() for fmt in h.api_formats]
+CASES = [
+    pytest.param(name, fmt, id=f"{name}-{fmt}") for name, h in HARNESSES.items() for fmt in h.api_formats
+]
 # Slow starters (Python agents on 2 shared cores) get more time; the scripted policy needs 2-5 calls.
 TIMEOUT_S = 240
 
@@ -59,7 +61,9 @@ def _require_installed(name: str) -> None:
         pytest.fail("; ".join(problems))
 
 
-def _attempt(proxy: Proxy, name: str, fmt: str, attempt_dir: Path, **kw: Any) -> tuple[AttemptResult, dict[str, Any]]:
+def _attempt(
+    proxy: Proxy, name: str, fmt: str, attempt_dir: Path, **kw: Any
+) -> tuple[AttemptResult, dict[str, Any]]:
     session = proxy.new_session(harness=name, max_model_calls=kw.pop("max_model_calls", 12))
     result = run_attempt(
         HARNESSES[name],
@@ -134,7 +138,9 @@ def test_scripted_policy_end_to_end(
 
     # The AttemptResult agrees with the proxy.
     assert result.proxy_model_calls == len(calls)
-    assert result.proxy_tool_calls == len([tc for c in calls for tc in (c["response"].get("tool_calls") or [])])
+    assert result.proxy_tool_calls == len(
+        [tc for c in calls for tc in (c["response"].get("tool_calls") or [])]
+    )
     assert result.proxy_tool_calls >= 1
     if result.native_tool_calls is not None:
         assert not result.tool_calls_disagree, _why(result)
@@ -142,16 +148,26 @@ def test_scripted_policy_end_to_end(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(HARNESSES))
-def test_tiny_model_attempt_ends_cleanly(name: str, tiny_stack: tuple[EmbeddedEngine, Proxy], tmp_path: Path) -> None:
+def test_tiny_model_attempt_ends_cleanly(
+    name: str, tiny_stack: tuple[EmbeddedEngine, Proxy], tmp_path: Path
+) -> None:
     """A random tiny model talks nonsense: the attempt must still end, bounded, with nothing left running."""
     _require_installed(name)
     _engine, proxy = tiny_stack
     h = HARNESSES[name]
     timeout = 150
     result, rollout = _attempt(
-        proxy, name, h.default_format, tmp_path / "attempt", max_model_calls=3, timeout_seconds=timeout, step_limit=3
+        proxy,
+        name,
+        h.default_format,
+        tmp_path / "attempt",
+        max_model_calls=3,
+        timeout_seconds=timeout,
+        step_limit=3,
     )
-    assert result.exit_reason in ("finished", "crashed", "budget_stop", "context_overflow", "timeout"), _why(result)
+    assert result.exit_reason in ("finished", "crashed", "budget_stop", "context_overflow", "timeout"), _why(
+        result
+    )
     assert result.proxy_model_calls is not None and result.proxy_model_calls >= 1, _why(result)
     assert result.leftover_pids == []
     assert result.duration_s < timeout + 15
