@@ -146,6 +146,66 @@ def _write_attempts(path: Path, group: GroupOutcome) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
+class GroupAdmission:
+    """Decides what happens to each finished group and when an optimizer step's batch is ready.
+
+    Stale groups (more than ``max_staleness`` policy versions behind) are dropped; groups with
+    fewer than two graded attempts, or whose graded attempts produced no rows, are not trainable;
+    ``max_consecutive_empty`` such groups in a row abort the run. Trainable groups wait until
+    their rows reach ``rows_per_step``; ``offer`` then returns the whole batch of groups.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_staleness: int,
+        rows_per_step: int,
+        max_consecutive_empty: int,
+        stats: LoopStats,
+        state: RolloutState,
+    ) -> None:
+        self.max_staleness = max_staleness
+        self.rows_per_step = rows_per_step
+        self.max_consecutive_empty = max_consecutive_empty
+        self.stats = stats
+        self.state = state
+        self.pending: list[GroupOutcome] = []
+
+    def offer(self, group: GroupOutcome, policy_version: int) -> list[GroupOutcome] | None:
+        stats = self.stats
+        stats.groups += 1
+        stats.attempts += len(group.attempts)
+        for a in group.attempts:
+            stats.exit_reasons[a.exit_reason] += 1
+        stats.rewards += [a.reward for a in group.attempts if a.reward is not None]
+        gid = group.planned.group_id
+        if policy_version - group.policy_version > self.max_staleness:
+            stats.stale_dropped += 1
+            self.state.mark(gid, "stale_dropped")
+            return None
+        if len(group.graded) < 2:
+            stats.no_signal += 1
+        if len(group.graded) < 2 or not any(a.rows for a in group.graded):
+            stats.empty_groups += 1
+            stats.consecutive_empty += 1
+            self.state.mark(gid, "empty")
+            if stats.consecutive_empty >= self.max_consecutive_empty:
+                reasons = ", ".join(f"{k}={v}" for k, v in sorted(stats.exit_reasons.items()))
+                raise RunAborted(
+                    f"{stats.consecutive_empty} consecutive groups produced no trainable rows (attempt exits "
+                    f"so far: {reasons}). Agents that never reach the model are a wiring failure (see each "
+                    "attempt's stderr.txt and the proxy log); groups with fewer than 2 graded attempts give "
+                    "no signal (see the grader reasons in attempts.jsonl)."
+                )
+            return None
+        stats.consecutive_empty = 0
+        self.pending.append(group)
+        if sum(len(a.rows) for g in self.pending for a in g.graded) < self.rows_per_step:
+            return None
+        batch, self.pending = self.pending, []
+        return batch
+
+
 def run_rl(run: RunConfig) -> float:
     return asyncio.run(_run_rl(run))
 
@@ -243,49 +303,25 @@ async def _run_rl(run: RunConfig) -> float:
             policy_version=lambda: trainer.policy_version,
             skip=set(state.consumed),
         )
-        rows_per_step = t.per_device_batch_size * t.gradient_accumulation_steps
-        pending_groups: list[GroupOutcome] = []
+        admission = GroupAdmission(
+            max_staleness=s.max_staleness,
+            rows_per_step=t.per_device_batch_size * t.gradient_accumulation_steps,
+            max_consecutive_empty=s.max_consecutive_empty_groups,
+            stats=stats,
+            state=state,
+        )
         try:
             async for group in scheduler.groups():
-                stats.groups += 1
-                stats.attempts += len(group.attempts)
                 _write_attempts(out / "attempts.jsonl", group)
-                for a in group.attempts:
-                    stats.exit_reasons[a.exit_reason] += 1
-                stats.rewards += [a.reward for a in group.attempts if a.reward is not None]
-                staleness = trainer.policy_version - group.policy_version
-                if staleness > s.max_staleness:
-                    stats.stale_dropped += 1
-                    state.mark(group.planned.group_id, "stale_dropped")
+                batch = admission.offer(group, trainer.policy_version)
+                if batch is None:
                     continue
-                if len(group.graded) < 2:
-                    stats.no_signal += 1
-                    state.counters["no_signal"] = state.counters.get("no_signal", 0) + 1
-                trainable = len(group.graded) >= 2 and any(a.rows for a in group.graded)
-                if not trainable:
-                    stats.empty_groups += 1
-                    stats.consecutive_empty += 1
-                    state.mark(group.planned.group_id, "empty")
-                    if stats.consecutive_empty >= s.max_consecutive_empty_groups:
-                        reasons = ", ".join(f"{k}={v}" for k, v in sorted(stats.exit_reasons.items()))
-                        raise RunAborted(
-                            f"{stats.consecutive_empty} consecutive groups produced no trainable rows "
-                            f"(attempt exits so far: {reasons}). Check the agents' logs under {out / 'attempts'} "
-                            f"and the proxy log {out / 'proxy.log'}: agents that never reach the model are a "
-                            "wiring failure; groups with < 2 graded attempts give no signal."
-                        )
-                    continue
-                stats.consecutive_empty = 0
-                pending_groups.append(group)
-                waiting = sum(len(a.rows) for g in pending_groups for a in g.graded)
-                if waiting < rows_per_step:
-                    continue
-                pending = _stamp_rows(pending_groups, t.scale_rewards)
+                pending = _stamp_rows(batch, t.scale_rewards)
                 metrics = await asyncio.to_thread(trainer.step, pending)
                 stats.steps = trainer.global_step
                 stats.rows_trained += len(pending)
                 stats.last_ratio = metrics.get("train/ratio")
-                for g in pending_groups:
+                for g in batch:
                     state.mark(g.planned.group_id, "trained")
                 if (
                     sync is not WeightSyncKind.none
@@ -295,7 +331,7 @@ async def _run_rl(run: RunConfig) -> float:
                     weights = await asyncio.to_thread(trainer.export_weights, out / "weights")
                     await asyncio.to_thread(engine.weight_sync.push, weights, trainer.policy_version)
                     stats.weight_pushes += 1
-                metrics.update(group_metrics(pending_groups))
+                metrics.update(group_metrics(batch))
                 metrics.update(
                     {
                         "rollout/groups_stale_dropped": float(stats.stale_dropped),
@@ -306,8 +342,7 @@ async def _run_rl(run: RunConfig) -> float:
                     }
                 )
                 logger.log(metrics, step=stats.steps)
-                _progress(stats, t.max_steps, started, metrics)
-                pending_groups = []
+                _progress(stats, t.max_steps, started, metrics, scheduler.inflight)
                 if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
                     ckpt = ckpt_root / f"step-{stats.steps}"
                     await asyncio.to_thread(trainer.save_checkpoint, ckpt)
@@ -346,13 +381,16 @@ def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
     return rows
 
 
-def _progress(stats: LoopStats, max_steps: int, started: float, metrics: dict[str, Any]) -> None:
+def _progress(
+    stats: LoopStats, max_steps: int, started: float, metrics: dict[str, Any], inflight: int
+) -> None:
     elapsed = time.monotonic() - started
     eta = elapsed / max(stats.steps, 1) * max(max_steps - stats.steps, 0)
     reward = metrics.get("reward/mean")
     ratio = metrics.get("train/ratio")
     print(
-        f"step {stats.steps}/{max_steps} | groups {stats.groups} | attempts {stats.attempts} | "
+        f"step {stats.steps}/{max_steps} | groups {stats.groups} | attempts {stats.attempts} "
+        f"({inflight} in flight) | "
         f"reward {reward if reward is None else f'{reward:.3f}'} | ratio {ratio if ratio is None else f'{ratio:.5f}'} | "
         f"elapsed {elapsed:.0f}s | eta {eta:.0f}s",
         flush=True,
