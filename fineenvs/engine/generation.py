@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -173,8 +173,14 @@ class Generator:
             new_cache = out.get("past_key_values", None)
         return out.logits[0, -1], new_cache
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        """Sample up to ``params.max_tokens`` tokens after ``prompt_ids``."""
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+    ) -> GenerationResult:
+        """Sample up to ``params.max_tokens`` tokens after ``prompt_ids``.
+
+        Setting ``cancel`` (the client went away) ends generation at the next step with
+        ``finish_reason="abort"``, so an abandoned request stops holding the queue.
+        """
         rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else self._rng
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         window = max((len(s) for s in params.stop), default=0) + 8
@@ -186,8 +192,13 @@ class Generator:
         on_token = False  # stopped on a stop token, whose text is not part of the content
         with self.lock, torch.inference_mode():
             version = self.weight_version
+            if cancel is not None and cancel.is_set():
+                return GenerationResult([], "", "abort", None, weight_version=version)
             logits, cache = self._forward(torch.tensor([prompt_ids], dtype=torch.long), None)
             for step in range(params.max_tokens):
+                if cancel is not None and cancel.is_set():
+                    finish = "abort"
+                    break
                 processed = process_logits(logits, params)
                 if step < len(params.forced_prefix):
                     token = params.forced_prefix[step]

@@ -294,14 +294,27 @@ async def chat_completions(request: Request) -> Response:
             "ServiceUnavailableError",
         )
     state.pending += 1
+    cancel = threading.Event()
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
     try:
-        result: GenerationResult = await state.run(generator.generate, prompt_ids, params)
+        result: GenerationResult = await state.run(generator.generate, prompt_ids, params, cancel)
     except Exception as exc:  # a failing forward pass must not take the server down
         logger.exception("generation failed")
         return error(f"Generation failed: {type(exc).__name__}: {exc}", 500, "InternalServerError")
     finally:
         state.pending -= 1
+        watcher.cancel()
     return JSONResponse(_response_body(req, state, prompt_ids, result))
+
+
+async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
+    """Abort the request's generation when its client disconnects (as vLLM aborts it)."""
+    while not cancel.is_set():
+        if await request.is_disconnected():
+            logger.info("client disconnected: aborting its generation")
+            cancel.set()
+            return
+        await asyncio.sleep(0.05)
 
 
 def _response_body(

@@ -275,3 +275,20 @@ def test_concurrent_requests_match_sequential_ones(tiny_lfm2_dir: Path) -> None:
 def test_cli_rejects_unknown_model() -> None:
     with pytest.raises(SystemExit, match="neither a tiny model"):
         resolve_model("definitely/not-here")
+
+
+def test_client_disconnect_aborts_generation(tiny_qwen_dir: Path) -> None:
+    app = create_engine_app(tiny_qwen_dir, served_model_name="t")
+    state = app.state.engine
+    with serve_in_thread(app) as url:
+        start = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):  # ~20k tokens would take minutes to generate
+            httpx.post(
+                f"{url}/v1/chat/completions",
+                json={"messages": USER, "max_tokens": 20000, "ignore_eos": True},
+                timeout=httpx.Timeout(60, read=0.5),
+            )
+        while state.pending:
+            assert time.monotonic() - start < 10, "the abandoned request still holds the queue"
+            time.sleep(0.02)
+        assert _complete(url, max_tokens=2).status_code == 200
