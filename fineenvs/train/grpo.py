@@ -46,8 +46,9 @@ More than one device (``accelerate launch``). Configs ship in ``fineenvs/train/a
   Change ``num_processes`` to the training GPU count.
 
 Under ``accelerate`` every process must call ``step`` with the same rows: micro-batches are dealt
-round-robin across processes, the normalisation weights are global, and a process with fewer
-micro-batches runs a zero-weight one so collective calls stay in lockstep. The loss is multiplied
+round-robin across processes, the normalisation weights are global, and every process runs the
+same number of full-size micro-batches (short ones padded with zero-weight copies of a row) so
+TRL's collective metric calls stay in lockstep. The loss is multiplied
 by the process count because data-parallel backends average gradients.
 """
 
@@ -327,17 +328,21 @@ class CapturedGRPOTrainer:
         ratio_sum, ratio_min, ratio_max, n_tok = 0.0, math.inf, -math.inf, 0
         clipped, gated_out, truncated, entropy_sum = 0.0, 0.0, 0.0, 0.0
         for k in range(n_local):
-            dummy = k >= len(local)
-            indices = local[k] if not dummy else plan[0]
+            indices = local[k] if k < len(local) else []
+            real = len(indices)
+            if world > 1:
+                # TRL gathers per-row metrics across processes inside _compute_loss, so every
+                # process must pass the same number of rows: pad with zero-weight copies.
+                indices = indices + [plan[0][0]] * (s.micro_batch_size - real)
             mb = build_micro_batch(kept, indices, weights, self.pad_token_id, device)
-            if dummy:
-                mb.weights.zero_()
+            mb.weights[real:] = 0.0
             out = self._micro_batch_loss(mb, weight_total)
             self.accelerator.backward(out.loss * world)
             loss_total += float(out.loss.detach())
-            if dummy:
+            if real == 0:
                 continue
             m = mb.loss_mask > 0
+            m[real:] = False
             ratio = torch.exp((out.logps - mb.behaviour_logps)[m])
             ratio_sum += float(ratio.sum())
             ratio_min = min(ratio_min, float(ratio.min()))
