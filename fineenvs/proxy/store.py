@@ -155,7 +155,9 @@ class CallStore:
             # One fsync per touched session log, in parallel: the filesystem folds concurrent
             # fsyncs into shared journal commits (measured here: 275/s serial vs 8,600/s with 8
             # threads), which is what lets 1,000 sessions write at once.
-            errors = self._fsync_pool.map(_fsync, [fd for fd, _ in opened])
+            fds = [fd for fd, _ in opened]
+            # A lone file is synced right here: a pool handoff would cost more than it saves.
+            errors = [_fsync(fds[0])] if len(fds) == 1 else self._fsync_pool.map(_fsync, fds)
             for (_fd, writes), error in zip(opened, errors, strict=True):
                 if error is not None:
                     for w in writes:
@@ -404,8 +406,10 @@ def _resolve(done: list[tuple[_Write, BaseException | None]]) -> None:
 
 
 def _fsync(fd: int) -> OSError | None:
+    # fdatasync still flushes the file size (needed to read the appended data back) but skips
+    # timestamps: one journal write fewer per call.
     try:
-        os.fsync(fd)
+        os.fdatasync(fd)
     except OSError as exc:
         return exc
     return None

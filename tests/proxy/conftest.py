@@ -46,6 +46,7 @@ class FakeEngine:
     weight_version: int = 7
     slow_s: float = 0.3
     down: bool = False
+    throttle: int = 0  # answer this many calls with 429 + Retry-After first
 
     def enc(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -68,6 +69,9 @@ class FakeEngine:
             raise httpx.ConnectError("connection refused", request=request)
         body = json.loads(request.content)
         self.requests.append(body)
+        if self.throttle > 0:
+            self.throttle -= 1
+            return httpx.Response(429, json={"error": {"message": "busy"}}, headers={"retry-after": "0"})
         last = _text(body["messages"][-1].get("content"))
         if "FAIL500" in last:
             return httpx.Response(500, json={"error": {"message": "engine exploded"}})

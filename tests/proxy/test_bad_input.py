@@ -233,3 +233,14 @@ def test_budget_stop_in_every_format(make_proxy: Any, fmt: str, stream: bool) ->
         assert "model calls it is allowed" in reply_text(fmt, r.json())
     assert len(h.engine.requests) == 1
     assert [e["kind"] for e in h.store.read_session(s["session_id"])["events"]] == ["budget_stop"]
+
+
+def test_429_is_retried_with_retry_after_then_recorded_once(make_proxy: Any) -> None:
+    h = make_proxy(retries=3)
+    h.settings.retry_backoff_s = 30.0  # Retry-After: 0 must win over the backoff
+    s = h.session()
+    h.engine.throttle = 2
+    r = post(h, s, "openai_chat", "patience")
+    assert r.status_code == 200 and reply_text("openai_chat", r.json()) == "reply to: patience"
+    (call,) = h.store.read_session(s["session_id"])["calls"]
+    assert call["timings"]["attempts"] == 3 and len(h.engine.requests) == 3

@@ -191,7 +191,10 @@ def test_store_reopen_rebuilds_delta_index_and_accepts_old_keys(make_proxy: Any,
     assert rollout["trajectory"]["metadata"]["session_id"] == s["session_id"]
 
 
-def test_secrets_never_reach_the_store(make_proxy: Any, tmp_path: Any) -> None:
+def test_secrets_never_reach_the_store_or_logs(make_proxy: Any, tmp_path: Any, caplog: Any) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
     h = make_proxy(store_dir=tmp_path / "sec", admin_key="ADMIN-SECRET-123")
     s = h.session()
     fake_key = "sk-FAKE-SECRET-4242"
@@ -205,8 +208,14 @@ def test_secrets_never_reach_the_store(make_proxy: Any, tmp_path: Any) -> None:
     h.store.close()
     blob = b"".join(p.read_bytes() for p in (tmp_path / "sec").rglob("*") if p.is_file())
     assert len(h.store.read_session(s["session_id"])["calls"]) == 2
+    h.run(h.client.post("/v1/chat/completions", json={"messages": 5}, headers={"x-api-key": s["key"]}))
+    h.run(h.client.post("/v1/chat/completions", json=body, headers={"x-api-key": fake_key}))
+    # The test's own client logs its URLs (with the key, as an agent's would); the proxy must not.
+    proxy_log = "\n".join(r.getMessage() for r in caplog.records if "http://proxy.test" not in r.getMessage())
+    assert "engine.test" in proxy_log  # the proxy's side is captured
     for secret in (fake_key, s["key"], "ADMIN-SECRET-123"):
         assert secret.encode() not in blob
+        assert secret not in proxy_log
 
 
 def test_admin_key_guards_control_plane(make_proxy: Any) -> None:
