@@ -7,7 +7,8 @@ Fixtures:
 
 Options: ``--engine-url=http://host:port`` points ``tests/engine/test_contract.py`` at an external
 engine (vLLM) instead of the embedded one (run it with ``-m gpu``); ``--engine-model`` names its
-served model and ``--engine-tokenizer`` where its tokenizer is.
+served model, ``--engine-tokenizer`` where its tokenizer is, and ``--engine-weights`` (a local
+copy of the served weights) turns on the forward-pass check with ``--engine-logprob-tol``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--engine-tokenizer",
         default=None,
         help="tokenizer (local dir or cached Hub id) of the model at --engine-url (default: the model id)",
+    )
+    group.addoption(
+        "--engine-weights",
+        default=None,
+        help="local HF dir of the weights served at --engine-url: enables the forward-pass logprob check",
+    )
+    group.addoption(
+        "--engine-logprob-tol",
+        type=float,
+        default=None,
+        help="max |logprob - forward logprob| (default 1e-4 for the embedded engine, 5e-2 for --engine-url)",
     )
 
 
