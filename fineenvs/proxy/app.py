@@ -157,6 +157,7 @@ class ProxyApp:
         raw = await self._read_body(request)
         async with self._cpu_turn():
             prepared = self._prepare(request, path, path_key, raw)
+        del raw  # 200 KB per call in flight: keep only the converted request while the engine works
         if isinstance(prepared, Response):
             return prepared
         session, name, dialect, canonical, engine_req, harness_ids = prepared

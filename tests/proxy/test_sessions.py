@@ -276,3 +276,30 @@ def test_empty_store_reads_an_unknown_session_as_empty(tmp_path: Any) -> None:
     store = CallStore(tmp_path / "x")
     assert store.read_session("s1") == {"meta": None, "calls": [], "events": []}
     store.close()
+
+
+def test_cli_refuses_public_bind_without_admin_key(monkeypatch: Any, capsys: Any) -> None:
+    from fineenvs.proxy.__main__ import build_parser, main, settings_from_args
+
+    monkeypatch.delenv("FINEENVS_ADMIN_KEY", raising=False)
+    assert (
+        main(["serve", "--engine-url", "http://127.0.0.1:1", "--served-model", "m", "--host", "0.0.0.0"]) == 2
+    )
+    assert "--admin-key" in capsys.readouterr().err
+    monkeypatch.setenv("FINEENVS_ADMIN_KEY", "k")
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--engine-url",
+            "http://e:1",
+            "--served-model",
+            "m",
+            "--temperature",
+            "0.6",
+            "--max-model-calls",
+            "5",
+        ]
+    )
+    settings = settings_from_args(args)
+    assert (settings.admin_key, settings.sampling.temperature, settings.max_model_calls) == ("k", 0.6, 5)
+    assert settings.sampling.top_p == 1.0 and settings.sampling.top_k == -1
