@@ -233,3 +233,21 @@ def test_check_installed_reports_missing_with_install_command(
     assert "python -m fineenvs.harnesses install codex" in problems[0]
     assert "not installed" in problems[0]
     assert check_installed(["nope"])[0].startswith("unknown harness")
+
+
+RECORDS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "harness_records").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_recorded_requests_are_scrubbed_and_detected_as_their_format(path: Path) -> None:
+    from fineenvs.dialects import detect
+
+    record = json.loads(path.read_text())
+    req = record["request"]
+    assert record["harness"] in HARNESSES and record["api_format"] in HARNESSES[record["harness"]].api_formats
+    assert req["path"].startswith("/s/SESSION_KEY/")
+    for name in ("authorization", "x-api-key", "x-goog-api-key"):
+        assert req["headers"].get(name, "<scrubbed>") == "<scrubbed>"
+    assert isinstance(req["body"], dict) and req["body"]
+    route = req["path"][len("/s/SESSION_KEY") :].split("?")[0]
+    assert detect(route, req["headers"], req["body"]) == record["api_format"]
