@@ -434,14 +434,16 @@ def poll_health(port: int, interval: float = 0.02) -> None:
     It runs in its own process so that the load generator's busy event loop cannot inflate the
     latency it measures.
     """
-    import selectors
     import threading
 
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def wait_for_eof() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_eof, daemon=True).start()
     sock = socket.create_connection((HOST, port))
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
     request = f"GET /health HTTP/1.1\r\nhost: {HOST}:{port}\r\n\r\n".encode()
     times: list[float] = []
     while not stop.is_set():
