@@ -26,7 +26,7 @@ def synthetic_rows(trainer: CapturedGRPOTrainer, seed: int, attempts: int, versi
     rng = random.Random(seed)
     drafts = []
     for a in range(attempts):
-        for r in range(1 + a % 3):  # attempts with 1, 2 or 3 rows
+        for _ in range(1 + a % 3):  # attempts with 1, 2 or 3 rows
             n_ctx, n_out = 4 + rng.randrange(6), 6 + rng.randrange(10)
             ids = [rng.randrange(20, 900) for _ in range(n_ctx + n_out)]
             mask = [0] * n_ctx + [1] * n_out

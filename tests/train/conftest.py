@@ -18,6 +18,18 @@ import pytest
 from fineenvs.train.rows import TrainRow
 
 SampleRows = Callable[..., list[TrainRow]]
+_GENERATORS: dict[Path, object] = {}
+
+
+def _generator(model_dir: Path) -> object:
+    """One engine generator per model directory (loading is the slow part; sampling is seeded
+    per call, so sharing it keeps rows deterministic)."""
+    from fineenvs.engine.generation import Generator
+
+    key = Path(model_dir).resolve()
+    if key not in _GENERATORS:
+        _GENERATORS[key] = Generator(key, dtype="float32")
+    return _GENERATORS[key]
 
 
 def sample_rows(
@@ -33,13 +45,14 @@ def sample_rows(
 ) -> list[TrainRow]:
     from fineenvs.engine.generation import Generator, SamplingParams
 
-    gen = Generator(model_dir, dtype="float32", seed=seed)
+    gen = _generator(model_dir)
+    assert isinstance(gen, Generator)
     rng = random.Random(seed)
     counts = rows_per_attempt if isinstance(rows_per_attempt, list) else [rows_per_attempt] * attempts
     out: list[TrainRow] = []
     for a, n_rows in enumerate(counts):
         adv = advantages[a] if advantages is not None else (a - (len(counts) - 1) / 2)
-        for r in range(n_rows):
+        for _ in range(n_rows):
             ids: list[int] = [rng.randrange(20, 900) for _ in range(5 + rng.randrange(4))]
             mask = [0] * len(ids)
             lps = [0.0] * len(ids)

@@ -67,7 +67,8 @@ def stale_rows(trainer: CapturedGRPOTrainer, seed: int = 0) -> list[TrainRow]:
         ids = [rng.randrange(20, 900) for _ in range(n + 4)]
         mask = [0] * 4 + [1] * n
         mask[6] = 0  # a context token inside the completion
-        rows.append(TrainRow(ids, mask, [0.0] * len(ids), float(a) - 1.4, f"a{a % 3}", "g", 0))
+        # Attempt a0 has two rows (per_attempt normalisation differs from per_row).
+        rows.append(TrainRow(ids, mask, [0.0] * len(ids), float(a % 3) - 1.4, f"a{a % 3}", "g", 0))
     logps = trainer.token_logprobs(rows)
     out = []
     for r, lp in zip(rows, logps, strict=True):
