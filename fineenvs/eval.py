@@ -1,0 +1,800 @@
+"""Evaluation: pass@1 of checkpoints across harnesses, tool-call and token statistics, results.json.
+
+A *cell* is one (checkpoint, task, harness). Each cell gets one attempt; its result is the first
+**graded** attempt (published: pass@1 on the first graded attempt). An attempt that failed for
+infrastructure reasons — reward ``None`` (ungraded), a wiring failure (the agent never reached the
+model), or a crash/timeout that left no ``answer.txt`` — is retried up to ``eval.infra_retries``
+times; a graded attempt is never re-run, also not when it was wrong. A cell still ungraded after
+its retries counts as unsolved in pass@1 (the denominator is always every task) and is reported
+under ``ungraded``, so infrastructure trouble lowers the score visibly instead of silently
+shrinking the denominator.
+
+Every attempt is appended to ``<output_dir>/eval/attempts.jsonl`` as it finishes; results are
+recomputed from that file, so re-running with the same output directory skips graded cells and
+retries only the ungraded ones (with a fresh retry budget), and a checkpoint whose cells are all
+graded does not even start an engine.
+
+Tool-call reduction on co-solved tasks (published: multi-harness RL "31% fewer tool calls on tasks
+both solved"): the first checkpoint is the baseline; for each other checkpoint, the cells
+(task, harness) solved by both with a tool count on both; reduction = 1 - mean(other) /
+mean(baseline) over those cells.
+
+``results.json`` (read by ``fineenvs.report``)::
+
+    {"schema": 1, "split": ..., "tasks": n, "harnesses": [...], "checkpoints": [...],
+     "baseline": <first checkpoint>,
+     "pass_at_1": {ckpt: {harness: float}}, "overall": {ckpt: float},
+     "tool_call_reduction": {"<ckpt> vs <baseline>": float},
+     "co_solved": {"<ckpt> vs <baseline>": {"cells": n, "mean_tool_calls": {...}, "reduction": ...,
+                   "per_harness": {h: {...}}}},
+     "cells": {ckpt: {harness: CellStats}}, "steps": {ckpt: step}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import EngineKind, ModelSource, RunConfig
+from fineenvs.logging import MetricLogger, metric_key
+from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
+from fineenvs.rollout.schedule import PlannedGroup
+from fineenvs.rollout.scheduler import AttemptOutcome
+
+log = logging.getLogger("fineenvs.eval")
+
+SCHEMA_VERSION = 1
+BASE = "base"
+"""``eval.checkpoints`` entry meaning the model under ``model`` (e.g. ``[base,outputs/.../step-700]``)."""
+
+
+class EvalError(ValueError):
+    """The evaluation cannot start; the message says what to fix."""
+
+
+# --------------------------------------------------------------------------- attempt records
+
+
+@dataclass
+class EvalAttempt:
+    """One attempt of one cell, as stored in ``eval/attempts.jsonl``."""
+
+    checkpoint: str
+    task_id: str
+    harness: str
+    try_index: int
+    attempt_id: str
+    reward: float | None
+    exit_reason: str = "finished"
+    answered: bool = False
+    """``answer.txt`` existed when the agent stopped."""
+    tool_calls: int | None = None
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cut_off_calls: int = 0
+    """Model calls that ended on the output-token cap (finish_reason ``length``)."""
+    duration_seconds: float = 0.0
+    error: str | None = None
+    step: int | None = None
+
+    @property
+    def infra_failure(self) -> bool:
+        """No usable grade for a reason outside the policy: retry it."""
+        if self.reward is None or self.exit_reason == "wiring_failure":
+            return True
+        return self.exit_reason in ("crashed", "timeout") and not self.answered
+
+    @property
+    def solved(self) -> bool:
+        return self.reward is not None and self.reward > 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EvalAttempt:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def is_infra_failure(attempt: EvalAttempt) -> bool:
+    return attempt.infra_failure
+
+
+def first_graded(attempts: Sequence[EvalAttempt]) -> EvalAttempt | None:
+    """The attempt that decides a cell: the first one (by try index) that is not an infra failure."""
+    for a in sorted(attempts, key=lambda a: a.try_index):
+        if not a.infra_failure:
+            return a
+    return None
+
+
+def read_attempts(path: Path) -> list[EvalAttempt]:
+    if not path.exists():
+        return []
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(EvalAttempt.from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as err:
+            # A line cut by a crash mid-write: that attempt simply runs again.
+            log.warning("%s:%d unreadable (%s); ignored", path, n, err)
+    return out
+
+
+def append_attempt(path: Path, attempt: EvalAttempt) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(attempt)) + "\n")
+
+
+# --------------------------------------------------------------------------- results (pure)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def cell_stats(task_ids: Sequence[str], attempts: Sequence[EvalAttempt]) -> dict[str, Any]:
+    """Statistics of one checkpoint x harness over ``task_ids`` (attempts of that pair only)."""
+    by_task: dict[str, list[EvalAttempt]] = defaultdict(list)
+    for a in attempts:
+        by_task[a.task_id].append(a)
+    finals = {t: first_graded(by_task.get(t, [])) for t in task_ids}
+    graded = [a for a in finals.values() if a is not None]
+    solved = [a for a in graded if a.solved]
+    tools = [float(a.tool_calls) for a in graded if a.tool_calls is not None]
+    tried = [a for t in task_ids for a in by_task.get(t, [])]
+    exits: dict[str, int] = defaultdict(int)
+    for a in graded:
+        exits[a.exit_reason] += 1
+    n = len(task_ids)
+    return {
+        "tasks": n,
+        "graded": len(graded),
+        "solved": len(solved),
+        "ungraded": n - len(graded),
+        "attempts": len(tried),
+        "infra_failures": sum(1 for a in tried if a.infra_failure),
+        "pass_at_1": len(solved) / n if n else 0.0,
+        "pass_at_1_graded": len(solved) / len(graded) if graded else None,
+        "tool_calls_mean": _mean(tools),
+        "tool_calls_mean_solved": _mean([float(a.tool_calls) for a in solved if a.tool_calls is not None]),
+        "model_calls_mean": _mean([float(a.model_calls) for a in graded]),
+        "prompt_tokens": sum(a.prompt_tokens for a in graded),
+        "completion_tokens": sum(a.completion_tokens for a in graded),
+        "completion_tokens_mean": _mean([float(a.completion_tokens) for a in graded]),
+        "timeouts": sum(1 for a in graded if a.exit_reason == "timeout"),
+        "context_overflows": sum(1 for a in graded if a.exit_reason == "context_overflow"),
+        "budget_stops": sum(1 for a in graded if a.exit_reason == "budget_stop"),
+        "cut_off": sum(1 for a in graded if a.cut_off_calls > 0),
+        "exit_reasons": dict(sorted(exits.items())),
+    }
+
+
+def co_solved(
+    base: dict[tuple[str, str], EvalAttempt],
+    other: dict[tuple[str, str], EvalAttempt],
+    harnesses: Sequence[str],
+) -> dict[str, Any]:
+    """Tool calls on the (task, harness) cells both checkpoints solved (with a tool count on both)."""
+
+    def summary(keys: list[tuple[str, str]]) -> dict[str, Any]:
+        b = [float(base[k].tool_calls or 0) for k in keys]
+        o = [float(other[k].tool_calls or 0) for k in keys]
+        mb, mo = _mean(b), _mean(o)
+        reduction = 1.0 - mo / mb if mb and mo is not None else None
+        return {"cells": len(keys), "mean_tool_calls_base": mb, "mean_tool_calls": mo, "reduction": reduction}
+
+    keys = sorted(
+        k
+        for k in base.keys() & other.keys()
+        if base[k].solved
+        and other[k].solved
+        and base[k].tool_calls is not None
+        and other[k].tool_calls is not None
+    )
+    out = summary(keys)
+    out["per_harness"] = {h: summary([k for k in keys if k[1] == h]) for h in harnesses}
+    return out
+
+
+def compute_results(
+    attempts: Sequence[EvalAttempt],
+    *,
+    checkpoints: Sequence[str],
+    harnesses: Sequence[str],
+    task_ids: Sequence[str],
+    split: str,
+    steps: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """The results document (module docstring) from every attempt; attempts outside the given
+    checkpoints, harnesses or tasks are ignored."""
+    tasks = set(task_ids)
+    by_pair: dict[tuple[str, str], list[EvalAttempt]] = defaultdict(list)
+    for a in attempts:
+        if a.task_id in tasks:
+            by_pair[(a.checkpoint, a.harness)].append(a)
+    cells: dict[str, dict[str, Any]] = {}
+    finals: dict[str, dict[tuple[str, str], EvalAttempt]] = {}
+    for c in checkpoints:
+        cells[c] = {h: cell_stats(task_ids, by_pair[(c, h)]) for h in harnesses}
+        finals[c] = {}
+        for h in harnesses:
+            per_task: dict[str, list[EvalAttempt]] = defaultdict(list)
+            for a in by_pair[(c, h)]:
+                per_task[a.task_id].append(a)
+            for t, items in per_task.items():
+                final = first_graded(items)
+                if final is not None:
+                    finals[c][(t, h)] = final
+    total = len(task_ids) * len(harnesses)
+    results: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "split": split,
+        "tasks": len(task_ids),
+        "harnesses": list(harnesses),
+        "checkpoints": list(checkpoints),
+        "baseline": checkpoints[0] if checkpoints else None,
+        "pass_at_1": {c: {h: cells[c][h]["pass_at_1"] for h in harnesses} for c in checkpoints},
+        "overall": {
+            c: (sum(cells[c][h]["solved"] for h in harnesses) / total if total else 0.0) for c in checkpoints
+        },
+        "tool_call_reduction": {},
+        "co_solved": {},
+        "cells": cells,
+    }
+    if steps:
+        results["steps"] = {c: steps[c] for c in checkpoints if c in steps}
+    if checkpoints:
+        base = checkpoints[0]
+        for c in checkpoints[1:]:
+            key = f"{c} vs {base}"
+            detail = co_solved(finals[base], finals[c], harnesses)
+            results["co_solved"][key] = detail
+            if detail["reduction"] is not None:
+                results["tool_call_reduction"][key] = detail["reduction"]
+    return results
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(path)
+
+
+def eval_metrics(results: dict[str, Any], checkpoint: str) -> dict[str, float]:
+    """W&B / metrics.jsonl keys of one checkpoint: ``eval/pass_at_1``, ``eval/harness/<h>/...``."""
+    out: dict[str, float] = {metric_key("eval", "pass_at_1"): float(results["overall"][checkpoint])}
+    tools: list[float] = []
+    for h, cell in results["cells"][checkpoint].items():
+        out[metric_key("eval", "pass_at_1", h)] = float(cell["pass_at_1"])
+        out[metric_key("eval", "ungraded", h)] = float(cell["ungraded"])
+        out[metric_key("eval", "timeouts", h)] = float(cell["timeouts"])
+        out[metric_key("eval", "context_overflows", h)] = float(cell["context_overflows"])
+        if cell["tool_calls_mean"] is not None:
+            out[metric_key("eval", "tool_calls_mean", h)] = float(cell["tool_calls_mean"])
+            tools.append(float(cell["tool_calls_mean"]))
+        if cell["completion_tokens_mean"] is not None:
+            out[metric_key("eval", "completion_tokens_mean", h)] = float(cell["completion_tokens_mean"])
+    if tools:
+        out[metric_key("eval", "tool_calls_mean")] = statistics.fmean(tools)
+    for key, value in results["tool_call_reduction"].items():
+        if key.startswith(f"{checkpoint} vs "):
+            out[metric_key("eval", "tool_call_reduction")] = float(value)
+    return out
+
+
+def _label(checkpoint: str) -> str:
+    p = Path(checkpoint)
+    return f"{p.parent.name}/{p.name}" if p.parent.name and len(p.parts) > 1 else checkpoint
+
+
+def format_tables(results: dict[str, Any]) -> str:
+    """The published tables: checkpoint x harness pass@1 with overall, co-solved tool calls, details."""
+    hs: list[str] = results["harnesses"]
+    ckpts: list[str] = results["checkpoints"]
+    labels = {c: _label(c) for c in ckpts}
+    w = max([len("checkpoint"), *(len(v) for v in labels.values())])
+    cols = [max(len(h), 7) for h in hs]
+    lines = [f"pass@1 on {results['tasks']} {results['split']} tasks (first graded attempt)"]
+    lines.append(
+        f"{'checkpoint':<{w}}  " + "  ".join(f"{h:>{n}}" for h, n in zip(hs, cols, strict=True)) + "  overall"
+    )
+    for c in ckpts:
+        row = "  ".join(
+            f"{results['pass_at_1'][c][h] * 100:>{n - 1}.1f}%" for h, n in zip(hs, cols, strict=True)
+        )
+        lines.append(f"{labels[c]:<{w}}  {row}  {results['overall'][c] * 100:>6.1f}%")
+    if results["co_solved"]:
+        lines.append("")
+        lines.append("tool calls on co-solved tasks (reduction = 1 - mean(checkpoint) / mean(baseline))")
+        for key, d in results["co_solved"].items():
+            red = "-" if d["reduction"] is None else f"{d['reduction'] * 100:.1f}%"
+            mb = "-" if d["mean_tool_calls_base"] is None else f"{d['mean_tool_calls_base']:.2f}"
+            mo = "-" if d["mean_tool_calls"] is None else f"{d['mean_tool_calls']:.2f}"
+            lines.append(f"  {key}: {d['cells']} cells, baseline {mb} -> {mo} tool calls, reduction {red}")
+    lines.append("")
+    lines.append(
+        f"{'checkpoint':<{w}}  {'harness':<14} {'graded':>6} {'solved':>6} {'ungraded':>8} {'tools':>6} "
+        f"{'out tok':>8} {'timeouts':>8} {'ctx ovf':>7} {'cut off':>7}"
+    )
+    for c in ckpts:
+        for h in hs:
+            s = results["cells"][c][h]
+            tools = "-" if s["tool_calls_mean"] is None else f"{s['tool_calls_mean']:.1f}"
+            tok = "-" if s["completion_tokens_mean"] is None else f"{s['completion_tokens_mean']:.0f}"
+            lines.append(
+                f"{labels[c]:<{w}}  {h:<14} {s['graded']:>6} {s['solved']:>6} {s['ungraded']:>8} {tools:>6} "
+                f"{tok:>8} {s['timeouts']:>8} {s['context_overflows']:>7} {s['cut_off']:>7}"
+            )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- running cells
+
+
+class EvalAttemptRunner(ProxyAttemptRunner):
+    """The RL attempt runner without training rows: token accounting from the proxy's records
+    instead, and whether the agent left an answer (a crash or timeout without one is retried)."""
+
+    def _rows(
+        self, calls: list[dict[str, Any]], outcome: AttemptOutcome
+    ) -> tuple[list[Any], dict[str, float]]:
+        return [], {
+            "prompt_tokens": float(sum(len(c.get("prompt_ids") or []) for c in calls)),
+            "completion_tokens": float(sum(len(c.get("sampled_ids") or []) for c in calls)),
+            "cut_off_calls": float(sum(1 for c in calls if c.get("finish_reason") == "length")),
+        }
+
+    async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:
+        outcome = await super().__call__(group, attempt_index, policy_version)
+        answer = self.settings.attempts_dir / group.group_id / outcome.attempt_id / "work" / "answer.txt"
+        outcome.metrics["answered"] = float(answer.is_file())
+        return outcome
+
+
+def _record(checkpoint: str, try_index: int, outcome: AttemptOutcome, step: int | None) -> EvalAttempt:
+    m = outcome.metrics
+    return EvalAttempt(
+        checkpoint=checkpoint,
+        task_id=outcome.task_id,
+        harness=outcome.harness,
+        try_index=try_index,
+        attempt_id=outcome.attempt_id,
+        reward=outcome.reward,
+        exit_reason=outcome.exit_reason,
+        answered=bool(m.get("answered", 0.0)),
+        tool_calls=outcome.tool_calls,
+        model_calls=outcome.model_calls,
+        prompt_tokens=int(m.get("prompt_tokens", 0)),
+        completion_tokens=int(m.get("completion_tokens", 0)),
+        cut_off_calls=int(m.get("cut_off_calls", 0)),
+        duration_seconds=round(outcome.duration_seconds, 3),
+        error=outcome.error,
+        step=step,
+    )
+
+
+AttemptFn = Callable[[PlannedGroup, int, int], Any]
+
+
+async def run_cells(
+    runner: AttemptFn,
+    *,
+    checkpoint: str,
+    task_ids: Sequence[str],
+    harnesses: Sequence[str],
+    prior: Sequence[EvalAttempt],
+    infra_retries: int,
+    concurrency: int,
+    sink: Callable[[EvalAttempt], None],
+    policy_version: int = 0,
+    step: int | None = None,
+) -> list[EvalAttempt]:
+    """Run every cell of ``checkpoint`` that has no graded attempt in ``prior``: one attempt, then up
+    to ``infra_retries`` more while attempts fail for infrastructure reasons. ``runner`` is an
+    ``AttemptRunner`` (a raising runner counts as a crash). Each attempt goes to ``sink`` when it ends."""
+    if concurrency < 1:
+        raise EvalError(f"eval.concurrency must be >= 1 (got {concurrency}). Fix: eval.concurrency=35")
+    if infra_retries < 0:
+        raise EvalError(f"eval.infra_retries must be >= 0 (got {infra_retries}). Fix: eval.infra_retries=2")
+    done: dict[tuple[str, str], list[EvalAttempt]] = defaultdict(list)
+    for a in prior:
+        if a.checkpoint == checkpoint:
+            done[(a.task_id, a.harness)].append(a)
+    slots = asyncio.Semaphore(concurrency)
+    new: list[EvalAttempt] = []
+
+    async def one_cell(index: int, task_id: str, harness: str) -> None:
+        earlier = done[(task_id, harness)]
+        if first_graded(earlier) is not None:
+            return
+        start = max((a.try_index for a in earlier), default=-1) + 1
+        gid = f"t{index:05d}-{harness}"
+        for n in range(start, start + infra_retries + 1):
+            group = PlannedGroup(index, gid, 0, index, task_id, harness, (f"{gid}-try{n}",))
+            async with slots:
+                try:
+                    outcome = await runner(group, 0, policy_version)
+                except Exception as err:  # noqa: BLE001 - an infrastructure error is a value, retried
+                    outcome = AttemptOutcome(
+                        attempt_id=group.attempt_ids[0],
+                        group_id=gid,
+                        task_id=task_id,
+                        harness=harness,
+                        policy_version=policy_version,
+                        reward=None,
+                        exit_reason="crashed",
+                        error=f"{type(err).__name__}: {err}",
+                    )
+            rec = _record(checkpoint, n, outcome, step)
+            sink(rec)
+            new.append(rec)
+            if not rec.infra_failure:
+                return
+            log.warning(
+                "eval %s %s %s try %d: infra failure (%s)",
+                checkpoint,
+                task_id,
+                harness,
+                n,
+                rec.error or rec.exit_reason,
+            )
+
+    await asyncio.gather(*(one_cell(i, t, h) for i, t in enumerate(task_ids) for h in harnesses))
+    return new
+
+
+# --------------------------------------------------------------------------- runtime assembly
+
+
+def served_model_name(run: RunConfig) -> str:
+    """The name the engine serves the base model under (kept when serving a checkpoint)."""
+    return run.model.name if run.engine.kind is EngineKind.transformers else run.model.path
+
+
+def resolve_checkpoints(run: RunConfig) -> list[tuple[str, RunConfig]]:
+    """``eval.checkpoints`` as (results key, run whose ``model`` serves it). Empty: the base model."""
+    entries = list(run.eval.checkpoints) or [BASE]
+    out: list[tuple[str, RunConfig]] = []
+    problems: list[str] = []
+    for entry in entries:
+        if entry == BASE:
+            out.append((run.model.path, run))
+            continue
+        path = Path(entry).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                problems.append(
+                    f"eval.checkpoints entry {entry!r} is a directory without config.json: the engine loads "
+                    "a Hugging Face model directory (a trainer checkpoint such as outputs/<run>/checkpoints/step-100)."
+                )
+                continue
+            model = dataclasses.replace(
+                run.model, source=ModelSource.local, path=str(path.resolve()), revision=None
+            )
+            out.append((entry, dataclasses.replace(run, model=model)))
+        elif run.engine.kind is EngineKind.vllm and "/" in entry and not entry.startswith((".", "/")):
+            # A Hub id, optionally @revision (published checkpoints: FineEnvs/...-RL@step-700).
+            hub_id, _, revision = entry.partition("@")
+            model = dataclasses.replace(
+                run.model, source=ModelSource.hub, path=hub_id, revision=revision or None
+            )
+            out.append((entry, dataclasses.replace(run, model=model)))
+        else:
+            problems.append(
+                f"eval.checkpoints entry {entry!r} is not a directory. Give checkpoint directories (or 'base' "
+                "for the model under `model`), e.g. eval.checkpoints=[base,outputs/<run>/checkpoints/step-100]"
+                + ("; Hub ids need engine=vllm" if run.engine.kind is EngineKind.transformers else "")
+            )
+    keys = [k for k, _ in out]
+    if len(set(keys)) != len(keys):
+        problems.append(
+            f"eval.checkpoints lists the same checkpoint twice ({keys}); each is one row of the matrix."
+        )
+    if problems:
+        raise EvalError("\n".join(problems))
+    return out
+
+
+def eval_tasks(run: RunConfig, limit: int | None) -> list[Any]:
+    from fineenvs.stack import load_run_tasks
+
+    tasks = load_run_tasks(
+        dataclasses.replace(run, tasks=dataclasses.replace(run.tasks, limit=limit)), run.eval.split
+    )
+    if not tasks:
+        raise EvalError(
+            f"the {run.tasks.name} split {run.eval.split!r} has no tasks (eval.limit={limit}). "
+            "Fix: eval.split=test, or a tasks set that has that split"
+        )
+    return tasks
+
+
+def _slug(checkpoint: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(checkpoint)).strip("_")[-60:]
+    return f"{name}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:8]}"
+
+
+def _runner(
+    run: RunConfig, proxy_url: str, served: str, attempts_dir: Path, tasks: list[Any]
+) -> EvalAttemptRunner:
+    from fineenvs.rewards import build_reward_spec, compute_reward
+    from fineenvs.trajectory import RowOptions
+
+    spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
+    s = run.scheduler
+    return EvalAttemptRunner(
+        AttemptSettings(
+            proxy_url=proxy_url,
+            admin_key=run.proxy.admin_key,
+            served_model=served,
+            attempts_dir=attempts_dir,
+            timeout_seconds=s.attempt_timeout_seconds,
+            max_model_calls=s.max_model_calls,
+            api_formats={n: h.api_format.value for n, h in run.harness.items()},
+            step_limits={n: h.step_limit for n, h in run.harness.items()},
+        ),
+        tasks={t.task_id: t for t in tasks},
+        reward_fn=lambda c, n, v: compute_reward(c, n, v, spec),
+        row_options=RowOptions(),
+    )
+
+
+def _check_harnesses(run: RunConfig) -> None:
+    from fineenvs.harnesses import check_installed
+
+    problems = check_installed(list(run.harness))
+    if problems:
+        raise EvalError(
+            "harness CLIs missing:\n  "
+            + "\n  ".join(problems)
+            + "\nInstall them with `python -m fineenvs.harnesses install <name>` or drop them from `harness`."
+        )
+
+
+async def _evaluate_served(
+    run: RunConfig,
+    *,
+    checkpoint: str,
+    out: Path,
+    proxy_url: str,
+    served: str,
+    tasks: list[Any],
+    records: Path,
+    prior: list[EvalAttempt],
+    policy_version: int = 0,
+    step: int | None = None,
+) -> list[EvalAttempt]:
+    runner = _runner(run, proxy_url, served, out / "attempts", tasks)
+    try:
+        return await run_cells(
+            runner,
+            checkpoint=checkpoint,
+            task_ids=[t.task_id for t in tasks],
+            harnesses=list(run.harness),
+            prior=prior,
+            infra_retries=run.eval.infra_retries,
+            concurrency=run.eval.concurrency,
+            sink=lambda a: append_attempt(records, a),
+            policy_version=policy_version,
+            step=step,
+        )
+    finally:
+        await runner.aclose()
+
+
+def _pending(prior: list[EvalAttempt], checkpoint: str, task_ids: list[str], harnesses: list[str]) -> int:
+    by: dict[tuple[str, str], list[EvalAttempt]] = defaultdict(list)
+    for a in prior:
+        if a.checkpoint == checkpoint:
+            by[(a.task_id, a.harness)].append(a)
+    return sum(1 for t in task_ids for h in harnesses if first_graded(by[(t, h)]) is None)
+
+
+async def _serve_and_evaluate(
+    run: RunConfig,
+    ckpt_run: RunConfig,
+    *,
+    checkpoint: str,
+    out: Path,
+    tasks: list[Any],
+    records: Path,
+    prior: list[EvalAttempt],
+    engine_url: str | None = None,
+    proxy_url: str | None = None,
+    served: str | None = None,
+    policy_version: int = 0,
+    step: int | None = None,
+) -> list[EvalAttempt]:
+    """Start what is not given (engine on the checkpoint, proxy in front of it), then run the cells."""
+    from fineenvs.engine import attach
+    from fineenvs.stack import resolve_model_dir, start_engine, start_proxy
+
+    served = served or served_model_name(run)
+    with ExitStack() as stack:
+        if proxy_url is None:
+            if engine_url is not None:
+                engine = attach(engine_url)
+            else:
+                engine = start_engine(
+                    ckpt_run, resolve_model_dir(ckpt_run), out, stack, served_model_name=served
+                )
+                print(
+                    f"eval {checkpoint}: engine {engine.kind} on {engine.url} serving {engine.served_model_name}",
+                    flush=True,
+                )
+            served = engine.served_model_name
+            proxy_url = start_proxy(ckpt_run, engine, out, stack)
+        return await _evaluate_served(
+            run, checkpoint=checkpoint, out=out, proxy_url=proxy_url, served=served, tasks=tasks,
+            records=records, prior=prior, policy_version=policy_version, step=step,
+        )  # fmt: skip
+
+
+def run_eval(run: RunConfig) -> float:
+    """``job=eval``: every checkpoint x harness x task; writes ``eval/results.json``; returns the
+    overall pass@1 of the last checkpoint (the sweep objective)."""
+    return asyncio.run(_run_eval(run))
+
+
+async def _run_eval(run: RunConfig) -> float:
+    root = Path(str(run.output_dir))
+    out = root / "eval"
+    checkpoints = resolve_checkpoints(run)
+    tasks = eval_tasks(run, run.eval.limit)
+    _check_harnesses(run)
+    task_ids = [t.task_id for t in tasks]
+    harnesses = list(run.harness)
+    records = out / "attempts.jsonl"
+    attempts = read_attempts(records)
+    keys = [k for k, _ in checkpoints]
+    print(
+        f"eval: {len(keys)} checkpoint(s) x {len(harnesses)} harness(es) x {len(task_ids)} {run.eval.split} "
+        f"tasks = {len(keys) * len(harnesses) * len(task_ids)} cells -> {out}",
+        flush=True,
+    )
+    results: dict[str, Any] = {}
+    for i, (key, ckpt_run) in enumerate(checkpoints):
+        pending = _pending(attempts, key, task_ids, harnesses)
+        if pending:
+            print(f"eval {key}: {pending} cell(s) to run", flush=True)
+            attempts += await _serve_and_evaluate(
+                run,
+                ckpt_run,
+                checkpoint=key,
+                out=out / _slug(key),
+                tasks=tasks,
+                records=records,
+                prior=attempts,
+            )
+        else:
+            print(f"eval {key}: every cell already graded in {records}; skipped", flush=True)
+        results = compute_results(
+            attempts, checkpoints=keys[: i + 1], harnesses=harnesses, task_ids=task_ids, split=run.eval.split
+        )
+        write_results(out / "results.json", results)
+        with MetricLogger(
+            run.logger,
+            out / _slug(key),
+            run_name=f"eval-{_label(key)}",
+            config={"checkpoint": key, "run": run},
+        ) as logger:
+            logger.log(eval_metrics(results, key), step=i)
+    print("\n" + format_tables(results), flush=True)
+    print(f"\nresults: {out / 'results.json'}", flush=True)
+    return float(results["overall"][keys[-1]])
+
+
+# --------------------------------------------------------------------------- in-training hook
+
+
+def _step_of(key: str) -> int:
+    m = re.fullmatch(r"step-(\d+)", key)
+    return int(m.group(1)) if m else -1
+
+
+async def aevaluate_checkpoint(
+    run: RunConfig,
+    checkpoint_dir: Path | str,
+    step: int,
+    *,
+    engine_url: str | None = None,
+    proxy_url: str | None = None,
+    served_model: str | None = None,
+    logger: MetricLogger | None = None,
+) -> dict[str, float]:
+    """Evaluate the policy of training step ``step`` on the first ``eval.subset_during_training``
+    tasks of ``eval.split`` across ``run.harness``; returns (and logs to ``logger`` at ``step``)
+    ``eval/pass_at_1`` and ``eval/harness/<h>/pass_at_1`` (plus tool calls, timeouts, ...).
+
+    With ``proxy_url`` (and the engine behind it already serving step ``step``'s weights), the
+    running engine and proxy are reused; with only ``engine_url`` a proxy is started in front of
+    it; with neither, an engine is started on ``checkpoint_dir``. Results of every step so far
+    accumulate in ``<output_dir>/eval/results.json`` (rows ``step-<N>``, baseline the first step).
+    """
+    root = Path(str(run.output_dir))
+    out = root / "eval"
+    limit = run.eval.subset_during_training
+    if run.eval.limit is not None:
+        limit = run.eval.limit if limit is None else min(limit, run.eval.limit)
+    tasks = eval_tasks(run, limit)
+    key = f"step-{step}"
+    records = out / "attempts.jsonl"
+    attempts = read_attempts(records)
+    ckpt_run = run
+    if engine_url is None and proxy_url is None:
+        model = dataclasses.replace(
+            run.model, source=ModelSource.local, path=str(checkpoint_dir), revision=None
+        )
+        ckpt_run = dataclasses.replace(run, model=model)
+    attempts += await _serve_and_evaluate(
+        run, ckpt_run, checkpoint=key, out=out / key, tasks=tasks, records=records, prior=attempts,
+        engine_url=engine_url, proxy_url=proxy_url, served=served_model, policy_version=step, step=step,
+    )  # fmt: skip
+    keys = sorted({a.checkpoint for a in attempts if _step_of(a.checkpoint) >= 0}, key=_step_of)
+    results = compute_results(
+        attempts, checkpoints=keys, harnesses=list(run.harness), task_ids=[t.task_id for t in tasks],
+        split=run.eval.split, steps={k: _step_of(k) for k in keys},
+    )  # fmt: skip
+    write_results(out / "results.json", results)
+    metrics = eval_metrics(results, key)
+    if logger is not None:
+        logger.log(metrics, step=step)
+    print(
+        f"eval step {step}: pass@1 {metrics['eval/pass_at_1'] * 100:.1f}% on {len(tasks)} tasks x "
+        f"{len(run.harness)} harness(es)",
+        flush=True,
+    )
+    return metrics
+
+
+def evaluate_checkpoint(
+    run: RunConfig,
+    checkpoint_dir: Path | str,
+    step: int,
+    *,
+    engine_url: str | None = None,
+    proxy_url: str | None = None,
+    served_model: str | None = None,
+    logger: MetricLogger | None = None,
+) -> dict[str, float]:
+    """Blocking form of :func:`aevaluate_checkpoint` (from a thread or a script, not inside a loop)."""
+    return asyncio.run(
+        aevaluate_checkpoint(
+            run, checkpoint_dir, step, engine_url=engine_url, proxy_url=proxy_url,
+            served_model=served_model, logger=logger,
+        )
+    )  # fmt: skip
+
+
+__all__ = [
+    "BASE",
+    "EvalAttempt",
+    "EvalAttemptRunner",
+    "EvalError",
+    "aevaluate_checkpoint",
+    "compute_results",
+    "evaluate_checkpoint",
+    "first_graded",
+    "format_tables",
+    "is_infra_failure",
+    "read_attempts",
+    "resolve_checkpoints",
+    "run_cells",
+    "run_eval",
+    "write_results",
+]
