@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,11 @@ def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
     )  # fmt: skip
 
 
-def start_engine(run: RunConfig, model_dir: Path, out: Path, stack: ExitStack) -> Any:
-    """Launch (or attach to) the engine; returns its ``EngineHandle``."""
+def start_engine(
+    run: RunConfig, model_dir: Path, out: Path, stack: ExitStack, *, served_model_name: str | None = None
+) -> Any:
+    """Launch (or attach to) the engine; returns its ``EngineHandle``. ``served_model_name``
+    overrides the name clients use (evaluation serves a checkpoint under the base model's name)."""
     from fineenvs.engine import attach, launch_transformers_engine, launch_vllm
 
     e = run.engine
@@ -54,7 +58,7 @@ def start_engine(run: RunConfig, model_dir: Path, out: Path, stack: ExitStack) -
             log_dir=out / "engine",
             host=e.host,
             port=e.port,
-            served_model_name=run.model.name,
+            served_model_name=served_model_name or run.model.name,
             seed=run.seed,
             dtype=e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype),
             timeout_s=e.health_timeout_seconds,
@@ -63,7 +67,10 @@ def start_engine(run: RunConfig, model_dir: Path, out: Path, stack: ExitStack) -
     from fineenvs.engine.vllm import prepare_chat_template
     from fineenvs.plan import vllm_args
 
-    args = prepare_chat_template(vllm_args(run), out / "engine")
+    args = vllm_args(run)
+    if served_model_name:
+        args = replace(args, served_model_name=served_model_name)
+    args = prepare_chat_template(args, out / "engine")
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
 
 
