@@ -157,6 +157,10 @@ class Generator:
         with self.tokenizer_lock:
             return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
+    def encode(self, text: str) -> list[int]:
+        with self.tokenizer_lock:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def render(self, messages: list[dict[str, Any]], tools: Any, **template_kwargs: Any) -> list[int]:
         """Apply the chat template and tokenise the text (as vLLM: no extra special tokens)."""
         with self.tokenizer_lock:

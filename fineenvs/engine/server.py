@@ -80,6 +80,22 @@ class ChatRequest(BaseModel):
     skip_special_tokens: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     forced_completion_prefix: str | None = None  # test hook, honoured only when enabled
+    # Fields that would change the sampled distribution: accepted only at their neutral value,
+    # since silently ignoring them would make the returned logprobs lie (see _unsupported).
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    use_beam_search: bool = False
 
     @field_validator("messages")
     @classmethod
@@ -88,6 +104,30 @@ class ChatRequest(BaseModel):
             if not isinstance(message.get("role"), str):
                 raise ValueError(f"messages[{i}] has no string 'role'")
         return messages
+
+
+def _unsupported(req: ChatRequest) -> str | None:
+    """The first distribution-changing option the engine cannot honour, if any."""
+    neutral: list[tuple[str, Any, Any]] = [
+        ("presence_penalty", req.presence_penalty, 0.0),
+        ("frequency_penalty", req.frequency_penalty, 0.0),
+        ("repetition_penalty", req.repetition_penalty, 1.0),
+        ("min_tokens", req.min_tokens, 0),
+    ]
+    for name, value, default in neutral:
+        if value is not None and value != default:
+            return f"{name}={value!r} is not supported by the embedded engine (only {default!r})"
+    for name in ("logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "guided_choice"):
+        if getattr(req, name):
+            return f"{name} is not supported by the embedded engine (it needs constrained decoding)"
+    for name in ("guided_json", "guided_regex", "guided_grammar"):
+        if getattr(req, name) is not None:
+            return f"{name} is not supported by the embedded engine (it needs constrained decoding)"
+    if req.response_format and req.response_format.get("type") not in (None, "text"):
+        return "response_format other than {'type': 'text'} is not supported by the embedded engine"
+    if req.use_beam_search:
+        return "use_beam_search is not supported by the embedded engine"
+    return None
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -201,9 +241,7 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     forced: tuple[int, ...] = ()
     if state.enable_test_hooks and req.forced_completion_prefix:
-        forced = tuple(
-            state.generator.tokenizer.encode(req.forced_completion_prefix, add_special_tokens=False)
-        )
+        forced = tuple(state.generator.encode(req.forced_completion_prefix))
     tools_active = bool(req.tools) and req.tool_choice != "none"
     return SamplingParams(
         max_tokens=max_tokens,
@@ -263,6 +301,9 @@ async def chat_completions(request: Request) -> Response:
         )
     if req.n != 1:
         return error(f"n={req.n} is not supported: the engine returns exactly one choice (n=1)", param="n")
+    unsupported = _unsupported(req)
+    if unsupported:
+        return error(unsupported + ": drop the field or send its neutral value")
     if req.top_logprobs and not req.logprobs:
         return error("when using `top_logprobs`, `logprobs` must be set to true", param="top_logprobs")
     if req.tool_choice not in (None, "auto", "none"):

@@ -51,6 +51,10 @@ def _assert_error(status: int, body: dict[str, Any], code: int, *fragments: str)
         ({"stream": True}, ["stream=true", "stream=false"]),
         ({"tool_choice": "required"}, ["constrained decoding", "'auto'"]),
         ({"messages": []}, ["messages"]),
+        ({"presence_penalty": 0.5}, ["presence_penalty=0.5", "neutral value"]),
+        ({"repetition_penalty": 1.1}, ["repetition_penalty"]),
+        ({"logit_bias": {"5": 10}}, ["logit_bias", "constrained decoding"]),
+        ({"response_format": {"type": "json_object"}}, ["response_format"]),
         ({"messages": [{"content": "x"}]}, ["role"]),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -74,7 +78,16 @@ def test_invalid_json_and_unknown_model(client: TestClient) -> None:
 
 def test_unknown_fields_are_ignored_and_defaults_apply(client: TestClient) -> None:
     status, reply = _post(
-        client, max_tokens=3, frobnicate=True, stream_options=None, parallel_tool_calls=False
+        client,
+        max_tokens=3,
+        frobnicate=True,
+        stream_options=None,
+        parallel_tool_calls=False,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        repetition_penalty=1,
+        logit_bias={},
+        response_format={"type": "text"},
     )
     assert status == 200, reply
     choice = reply["choices"][0]
