@@ -275,6 +275,8 @@ class SFTSpec:
     gradient_accumulation_steps: int = 8
     max_length: int = 40960
     teacher_attempts_per_task: int = 3
+    teacher_dir: str | None = None
+    """job=sft: output directory of the ``job=collect_teacher`` run whose kept sessions are trained on."""
     save_steps: int = 50
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True

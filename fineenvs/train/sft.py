@@ -339,7 +339,8 @@ def train_sft(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
 
     if not examples:
         raise SFTDataError(
@@ -392,7 +393,7 @@ def train_sft(
 
     logged: list[dict[str, float]] = []
 
-    class _Forward(TrainerCallback):  # type: ignore[misc]
+    class _Forward(TrainerCallback):
         def on_log(
             self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
         ) -> None:

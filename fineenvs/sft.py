@@ -1,0 +1,513 @@
+"""The SFT baseline's two jobs: teacher collection (``job=collect_teacher``) and SFT (``job=sft``).
+
+Teacher collection runs the configured model (the teacher: a vLLM-served Qwen3.8-27B in the
+published setup, any engine here, ``engine.url=`` attaches to one) through the same engine → proxy
+→ real agent CLI → grader path as RL rollouts (``ProxyAttemptRunner``), on the training tasks. For
+every task × harness it runs up to ``trainer.teacher_attempts_per_task`` attempts one after another
+and keeps the first correct one (published: 3 attempts, 3,189 kept rollouts from 888 tasks). Pairs
+run concurrently, at most ``scheduler.max_inflight`` attempts at a time. The proxy records every
+call under ``<output_dir>/records`` exactly as in RL; ``attempts.jsonl`` has one line per attempt,
+``teacher_pairs.jsonl`` one per finished pair (a rerun in the same directory skips those), and
+``teacher_manifest.json`` lists the kept sessions (task, harness, session id, attempt dir) for
+``job=sft``.
+
+SFT reads ``trainer.teacher_dir`` (a collection's output directory), keeps the sessions whose
+harness is in ``run.harness`` (``sft_opencode``: OpenCode only; ``sft_multi``: all four), builds
+one example per assistant turn re-rendered with the student's chat template
+(``fineenvs.train.sft``), writes the dataset and its per-harness counts, and trains with TRL's
+``SFTTrainer``; the final checkpoint lands in ``<output_dir>/checkpoints/step-<N>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
+from fineenvs.rollout.schedule import PlannedGroup
+from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.stack import load_run_tasks, resolve_model_dir, start_engine, start_proxy
+
+TEACHER_MANIFEST = "teacher_manifest.json"
+PAIRS_LOG = "teacher_pairs.jsonl"
+
+Runner = Callable[[PlannedGroup, int, int], Awaitable[AttemptOutcome]]
+
+
+def _aborted(message: str) -> Exception:
+    from fineenvs.rl import RunAborted
+
+    return RunAborted(message)
+
+
+# --------------------------------------------------------------------------- teacher collection
+
+
+def teacher_pairs(
+    task_ids: Sequence[str], harnesses: Sequence[str], attempts_per_task: int
+) -> list[PlannedGroup]:
+    """One planned group per task × harness (tasks in their fixed order), with its attempt ids."""
+    if attempts_per_task < 1:
+        raise ValueError(
+            f"trainer.teacher_attempts_per_task must be >= 1 (got {attempts_per_task}). "
+            "Fix: trainer.teacher_attempts_per_task=3"
+        )
+    if not task_ids:
+        raise ValueError("the task list is empty: nothing to collect (check tasks.* filters and tasks.limit)")
+    if not harnesses:
+        raise ValueError("no harness configured: teacher collection needs at least one (harness=paper_mix)")
+    groups: list[PlannedGroup] = []
+    for i, task_id in enumerate(task_ids):
+        for harness in harnesses:
+            gid = f"teacher-t{i:05d}-{harness}"
+            attempts = tuple(f"{gid}-a{k}" for k in range(attempts_per_task))
+            groups.append(PlannedGroup(len(groups), gid, 0, i, task_id, harness, attempts))
+    return groups
+
+
+def is_correct(outcome: AttemptOutcome) -> bool:
+    """Graded and fully correct (the correctness term is the grade; partial credit is not kept)."""
+    correctness = outcome.reward_terms.get("correctness")
+    return outcome.reward is not None and correctness is not None and correctness >= 1.0
+
+
+@dataclass
+class PairResult:
+    group: PlannedGroup
+    attempts: list[AttemptOutcome] = field(default_factory=list)
+
+    @property
+    def kept(self) -> AttemptOutcome | None:
+        return next((a for a in self.attempts if is_correct(a)), None)
+
+
+async def collect_pairs(
+    groups: Sequence[PlannedGroup],
+    runner: Runner,
+    *,
+    max_inflight: int,
+    on_attempt: Callable[[AttemptOutcome], None] | None = None,
+    on_pair: Callable[[PairResult], None] | None = None,
+) -> list[PairResult]:
+    """Run each pair's attempts in order until one is correct; at most ``max_inflight`` at once.
+
+    A runner exception is an attempt outcome (``exit_reason="crashed"``), as in the RL scheduler:
+    the pair moves on to its next attempt.
+    """
+    if max_inflight < 1:
+        raise ValueError("max_inflight must be >= 1")
+    slots = asyncio.Semaphore(max_inflight)
+
+    async def one(group: PlannedGroup) -> PairResult:
+        result = PairResult(group)
+        async with slots:
+            for index in range(len(group.attempt_ids)):
+                try:
+                    outcome = await runner(group, index, 0)
+                except Exception as err:  # noqa: BLE001 - one broken attempt must not end the collection
+                    outcome = AttemptOutcome(
+                        attempt_id=group.attempt_ids[index],
+                        group_id=group.group_id,
+                        task_id=group.task_id,
+                        harness=group.harness,
+                        policy_version=0,
+                        reward=None,
+                        exit_reason="crashed",
+                        error=f"{type(err).__name__}: {err}",
+                    )
+                result.attempts.append(outcome)
+                if on_attempt is not None:
+                    on_attempt(outcome)
+                if is_correct(outcome):
+                    break
+        if on_pair is not None:
+            on_pair(result)
+        return result
+
+    return list(await asyncio.gather(*(one(g) for g in groups)))
+
+
+def _attempt_record(a: AttemptOutcome) -> dict[str, Any]:
+    rec = {k: v for k, v in asdict(a).items() if k != "rows"}
+    rec["rows"] = len(a.rows)
+    rec["correct"] = is_correct(a)
+    return rec
+
+
+def _pair_record(p: PairResult, attempts_dir: Path) -> dict[str, Any]:
+    kept = p.kept
+    return {
+        "group_id": p.group.group_id,
+        "task": p.group.task_id,
+        "harness": p.group.harness,
+        "attempts": [a.attempt_id for a in p.attempts],
+        "exit_reasons": [a.exit_reason for a in p.attempts],
+        "kept_attempt": kept.attempt_id if kept else None,
+        "attempt_dir": str(attempts_dir / p.group.group_id / kept.attempt_id) if kept else None,
+        "reward": kept.reward if kept else None,
+        "tool_calls": kept.tool_calls if kept else None,
+        "model_calls": kept.model_calls if kept else None,
+    }
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
+    """attempt id → newest proxy session of that attempt (a rerun attempt gets a new session)."""
+    newest: dict[str, tuple[float, str]] = {}
+    for meta_path in sorted((store_dir / "sessions").glob("*/meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        attempt = (meta.get("metadata") or {}).get("attempt")
+        if not attempt:
+            continue
+        created = float(meta.get("created_at") or 0.0)
+        if attempt not in newest or created >= newest[attempt][0]:
+            newest[attempt] = (created, str(meta["session_id"]))
+    return {a: sid for a, (_, sid) in newest.items()}
+
+
+def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> dict[str, Any]:
+    """``teacher_manifest.json`` from the pairs log and the proxy store; returns the summary."""
+    pairs = _read_jsonl(out / PAIRS_LOG)
+    sessions = _sessions_by_attempt(store_dir)
+    kept: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for p in pairs:
+        if not p["kept_attempt"]:
+            continue
+        sid = sessions.get(p["kept_attempt"])
+        if sid is None:
+            missing.append(p["kept_attempt"])
+            continue
+        kept.append(
+            {
+                "task": p["task"],
+                "harness": p["harness"],
+                "session_id": sid,
+                "attempt_id": p["kept_attempt"],
+                "attempt_dir": p["attempt_dir"],
+                "reward": p["reward"],
+                "tool_calls": p["tool_calls"],
+                "model_calls": p["model_calls"],
+            }
+        )
+    summary = teacher_summary(pairs, kept)
+    summary["kept_without_session"] = missing
+    manifest = {
+        "teacher_model": teacher_model,
+        "store_dir": str(store_dir.resolve()),
+        "sessions": kept,
+        "summary": summary,
+    }
+    (out / TEACHER_MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return summary
+
+
+def teacher_summary(pairs: list[dict[str, Any]], kept: list[dict[str, Any]]) -> dict[str, Any]:
+    harnesses = sorted({p["harness"] for p in pairs})
+    per: dict[str, dict[str, Any]] = {}
+    for h in harnesses:
+        mine = [p for p in pairs if p["harness"] == h]
+        got = [k for k in kept if k["harness"] == h]
+        per[h] = {
+            "tasks_tried": len(mine),
+            "correct": len(got),
+            "attempts": sum(len(p["attempts"]) for p in mine),
+            "solve_rate": len(got) / len(mine) if mine else 0.0,
+        }
+    exits = Counter(r for p in pairs for r in p["exit_reasons"])
+    return {
+        "tasks_tried": len({p["task"] for p in pairs}),
+        "pairs_tried": len(pairs),
+        "attempts": sum(len(p["attempts"]) for p in pairs),
+        "kept_rollouts": len(kept),
+        "tasks_with_kept_rollout": len({k["task"] for k in kept}),
+        "per_harness": per,
+        "attempt_exits": dict(exits),
+    }
+
+
+def run_collect_teacher(run: RunConfig) -> float:
+    return asyncio.run(_collect_teacher(run))
+
+
+async def _collect_teacher(run: RunConfig) -> float:
+    from fineenvs.engine import probe_engine
+    from fineenvs.harnesses import check_installed
+    from fineenvs.rewards import build_reward_spec, compute_reward
+    from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
+    from fineenvs.trajectory import RowOptions
+
+    t, s = run.trainer, run.scheduler
+    if not isinstance(t, SFTSpec):
+        raise _aborted("job=collect_teacher reads trainer.teacher_attempts_per_task: use trainer=sft")
+    if "correctness" not in run.reward.terms:
+        raise _aborted(
+            "job=collect_teacher keeps the first *correct* attempt, so reward.terms needs correctness. "
+            "Fix: reward=correctness"
+        )
+    out = Path(str(run.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    problems = check_installed(list(run.harness))
+    if problems:
+        raise _aborted("harness CLIs missing:\n  " + "\n  ".join(problems))
+    tasks = load_run_tasks(run)
+    groups = teacher_pairs([task.task_id for task in tasks], list(run.harness), t.teacher_attempts_per_task)
+    done = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG)}
+    todo = [g for g in groups if g.group_id not in done]
+    attempts_dir = out / "attempts"
+    for g in todo:
+        # An interrupted pair starts over: its old work directories could hold a stale answer.txt.
+        shutil.rmtree(attempts_dir / g.group_id, ignore_errors=True)
+    store_dir = Path(run.proxy.store_dir) if run.proxy.store_dir else out / "records"
+    reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
+    row_options = RowOptions(
+        max_tokens=t.max_length,
+        overlong=run.rows.overlong.value,
+        shared_prefix=run.rows.shared_prefix.value,
+        drop_discarded=run.rows.drop_discarded,
+        drop_auxiliary=run.rows.drop_auxiliary,
+    )
+    started = time.monotonic()
+    print(
+        f"Teacher collection: {len(tasks)} tasks x {len(run.harness)} harnesses = {len(groups)} pairs "
+        f"({len(done)} already done), up to {t.teacher_attempts_per_task} attempts each",
+        flush=True,
+    )
+    with ExitStack() as stack:
+        engine = start_engine(run, resolve_model_dir(run), out, stack)
+        print(f"Built engine {engine.kind} on {engine.url} serving {engine.served_model_name}", flush=True)
+        try:
+            report = await asyncio.to_thread(probe_engine, engine.url, engine.served_model_name)
+            # Any grade will do: SFT re-renders the teacher's messages with the student's template.
+            print(f"Engine probe: grade={report.grade.value}", flush=True)
+        except Exception as err:  # noqa: BLE001 - the probe informs; collection needs no token grade
+            print(f"Engine probe failed ({type(err).__name__}: {err}); collecting anyway", flush=True)
+        proxy_url = start_proxy(run, engine, out, stack)
+        print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
+        runner = ProxyAttemptRunner(
+            AttemptSettings(
+                proxy_url=proxy_url,
+                admin_key=run.proxy.admin_key,
+                served_model=engine.served_model_name,
+                attempts_dir=attempts_dir,
+                timeout_seconds=s.attempt_timeout_seconds,
+                max_model_calls=s.max_model_calls,
+                api_formats={n: h.api_format.value for n, h in run.harness.items()},
+                step_limits={n: h.step_limit for n, h in run.harness.items()},
+            ),
+            tasks={task.task_id: task for task in tasks},
+            reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
+            row_options=row_options,
+        )
+        finished = [0]
+
+        def on_pair(p: PairResult) -> None:
+            _append_jsonl(out / PAIRS_LOG, _pair_record(p, attempts_dir))
+            finished[0] += 1
+            kept = p.kept
+            print(
+                f"pair {finished[0]}/{len(todo)} {p.group.task_id} [{p.group.harness}]: "
+                f"{'kept ' + kept.attempt_id if kept else 'no correct attempt'} after {len(p.attempts)} attempt(s) "
+                f"| elapsed {time.monotonic() - started:.0f}s",
+                flush=True,
+            )
+
+        try:
+            await collect_pairs(
+                todo,
+                runner,
+                max_inflight=s.max_inflight,
+                on_attempt=lambda a: _append_jsonl(out / "attempts.jsonl", _attempt_record(a)),
+                on_pair=on_pair,
+            )
+        finally:
+            await runner.aclose()
+    summary = write_teacher_manifest(out, store_dir, run.model.path)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["output_dir"] = str(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("\nfineenvs teacher collection summary")
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+    return summary["kept_rollouts"] / summary["pairs_tried"] if summary["pairs_tried"] else 0.0
+
+
+# --------------------------------------------------------------------------- SFT
+
+
+def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
+    """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
+    from fineenvs.proxy.store import CallStore
+    from fineenvs.train.sft import TeacherSession
+
+    path = teacher_dir / TEACHER_MANIFEST
+    if not path.is_file():
+        raise _aborted(
+            f"{path} does not exist: trainer.teacher_dir must be the output directory of a finished "
+            "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
+        )
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    store_dir = Path(manifest["store_dir"])
+    if not store_dir.is_dir() and (teacher_dir / "records").is_dir():
+        store_dir = teacher_dir / "records"  # the collection directory was moved with its records
+    store = CallStore(store_dir, fsync=False)
+    sessions = [
+        TeacherSession(
+            task_id=e["task"],
+            harness=e["harness"],
+            session_id=e["session_id"],
+            calls=store.read_session(e["session_id"])["calls"],
+        )
+        for e in manifest["sessions"]
+    ]
+    return sessions, manifest
+
+
+def student_chat_template(run: RunConfig) -> str | None:
+    """The template the student is served with, when it is not the tokenizer's own.
+
+    vLLM serves the published families with a patched non-thinking template
+    (``fineenvs.engine.vllm``); the SFT prompts must be the ones the student will see there. Tiny
+    models and the embedded engine use the tokenizer's template.
+    """
+    if run.model.source is ModelSource.tiny or run.engine.kind is not EngineKind.vllm:
+        return None
+    from fineenvs.engine.vllm import PROFILES, model_family, patch_template, trl_chat_template
+
+    family = model_family(run.model.path)
+    source = PROFILES[family].trl_template
+    return None if source is None else patch_template(family, trl_chat_template(source))
+
+
+def _eos_ids(model_dir: Path) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        value = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value] if isinstance(value, list) else []
+
+
+def run_sft(run: RunConfig) -> float | None:
+    from transformers import AutoTokenizer
+
+    from fineenvs.logging import MetricLogger
+    from fineenvs.train.sft import SFTSettings, StudentRenderer, build_sft_examples, train_sft, write_examples
+
+    t = run.trainer
+    if not isinstance(t, SFTSpec):
+        raise _aborted("job=sft needs trainer=sft")
+    if not t.teacher_dir:
+        raise _aborted(
+            "trainer.teacher_dir is unset: job=sft trains on the kept sessions of a teacher collection. "
+            "Fix: trainer.teacher_dir=<output dir of +experiment=collect_teacher>"
+        )
+    out = Path(str(run.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
+    harnesses = list(run.harness)
+    available = sorted({s.harness for s in sessions})
+    if not set(harnesses) & set(available):
+        raise _aborted(
+            f"the teacher collection in {t.teacher_dir} kept sessions for {available or 'no harness'}, none of "
+            f"the configured harnesses {harnesses}. Fix: harness=<one of those>, or collect with these harnesses."
+        )
+    model_dir = resolve_model_dir(run)
+    renderer = StudentRenderer(
+        AutoTokenizer.from_pretrained(model_dir),
+        chat_template=student_chat_template(run),
+        template_kwargs=dict(run.model.chat_template_kwargs),
+        eos_token_ids=_eos_ids(model_dir),
+    )
+    examples, stats = build_sft_examples(
+        sessions,
+        renderer,
+        harnesses=harnesses,
+        max_length=t.max_length,
+        drop_auxiliary=run.rows.drop_auxiliary,
+    )
+    data_dir = out / "sft_dataset"
+    write_examples(data_dir / "examples.jsonl", examples)
+    dataset_info = {
+        "teacher_dir": str(t.teacher_dir),
+        "teacher_model": manifest.get("teacher_model"),
+        "student_model": run.model.path,
+        "harnesses": harnesses,
+        "rerendered": True,
+        **stats.to_json(),
+    }
+    (data_dir / "dataset.json").write_text(json.dumps(dataset_info, indent=2))
+    print(
+        f"SFT dataset: {len(examples)} examples from {sum(stats.sessions.values())} teacher rollouts "
+        f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
+        flush=True,
+    )
+    settings = SFTSettings(
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_steps,
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,
+        per_device_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        max_length=t.max_length,
+        save_steps=t.save_steps,
+        dtype=t.dtype,
+        gradient_checkpointing=t.gradient_checkpointing,
+        seed=run.seed,
+    )
+    losses: list[float] = []
+    with MetricLogger(run.logger, out, run_name=run.experiment or "sft", config=run) as logger:
+
+        def on_log(metrics: dict[str, float], step: int) -> None:
+            if "train/loss" in metrics:
+                losses.append(metrics["train/loss"])
+            logger.log(metrics, step=step)
+
+        result = train_sft(model_dir, examples, settings, out, on_log=on_log)
+    summary = {
+        "examples": len(examples),
+        "teacher_rollouts": sum(stats.sessions.values()),
+        "examples_per_harness": stats.examples,
+        "supervised_tokens": sum(stats.supervised_tokens.values()),
+        "skipped_turns": stats.skipped,
+        "steps": result.global_step,
+        "train_loss": result.train_loss,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "mean_loss": statistics.fmean(losses) if losses else None,
+        "checkpoint": str(result.checkpoint),
+        "seconds": round(time.monotonic() - started, 1),
+        "output_dir": str(out),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("\nfineenvs SFT summary")
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+    return None
