@@ -65,7 +65,7 @@ HARNESS_ID_HEADERS = (
 )
 # Requests doing CPU work (parse/convert, decode/record, reply) per event-loop iteration. 8
 # gave /health p99 of 72-174 ms with 1,000 sessions bursting on a loaded 2-core box, 2 gave
-# 43-82 ms with the same throughput: the total work is the same, only its slicing changes.
+# 62-82 ms with the same throughput: the total work is the same, only its slicing changes.
 CPU_SLOTS = 2
 BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
