@@ -284,7 +284,15 @@ def run_attempt(
                 bridge.__exit__(None, None, None)
     duration = time.monotonic() - started
 
-    stats = proxy_stats() if proxy_stats is not None else None
+    stats: ProxyStats | None = None
+    stats_error = ""
+    if proxy_stats is not None:
+        # A proxy hiccup must not lose the attempt: it is reported, and the exit reason then rests
+        # on the agent's own exit status.
+        try:
+            stats = proxy_stats()
+        except Exception as exc:  # noqa: BLE001 - any failure of the caller's query
+            stats_error = f"proxy stats unavailable: {type(exc).__name__}: {exc}"
     outputs: Outputs = harness.parse_outputs(attempt_dir)
     answer_path = workdir / ANSWER_FILE
     answer = answer_path.read_text(errors="replace").strip() if answer_path.is_file() else None
@@ -310,7 +318,7 @@ def run_attempt(
         tool_calls_disagree=disagree,
         attempt_dir=str(attempt_dir),
         leftover_pids=leftover,
-        detail="; ".join(x for x in (detail, outputs.detail) if x),
+        detail="; ".join(x for x in (detail, stats_error, outputs.detail) if x),
     )
     record["result"] = result.to_json()
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))

@@ -13,6 +13,7 @@ Needs: ``python -m fineenvs.harnesses install all``.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,22 @@ def test_tiny_model_attempt_ends_cleanly(
     for c in rollout["calls"]:
         assert c["prompt_ids"] and all(isinstance(t, int) for t in c["prompt_ids"])
         assert c["logprobs"] is None or all(lp <= 0 for lp in c["logprobs"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_scripted_policy_in_bwrap_sandbox(
+    name: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+) -> None:
+    """The same task with a read-only root and a loopback-only network that reaches just the proxy."""
+    _require_installed(name)
+    engine, proxy = scripted_stack
+    result, rollout = _attempt(
+        proxy, name, HARNESSES[name].default_format, tmp_path / "attempt", use_bwrap=True
+    )
+    assert result.exit_reason == "finished", _why(result)
+    assert result.answer == ANSWER
+    assert result.leftover_pids == []
+    assert rollout["calls"] and all(
+        (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in rollout["calls"]
+    )

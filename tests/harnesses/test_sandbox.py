@@ -233,3 +233,31 @@ def test_bwrap_readonly_root_writable_workdir_loopback_only_to_proxy(tmp_path: P
     assert not tmp_outside.exists()
     assert result.answer == "42"
     assert os.path.exists(tmp_path / "attempt" / "work" / "answer.txt")
+
+
+def test_proxy_stats_failure_is_reported_not_raised(tmp_path: Path) -> None:
+    def broken() -> ProxyStats:
+        raise ConnectionError("proxy gone")
+
+    result = _run(tmp_path, "echo 42 > answer.txt", proxy_stats=broken)
+    assert result.exit_reason == "finished" and result.answer == "42"
+    assert result.proxy_model_calls is None
+    assert "proxy stats unavailable: ConnectionError: proxy gone" in result.detail
+
+
+def test_agent_that_cannot_start_is_a_crash(tmp_path: Path) -> None:
+    class Missing(ScriptHarness):
+        def command(self, task_prompt: str, **kw: Any) -> list[str]:  # type: ignore[override]
+            return [str(tmp_path / "no-such-agent")]
+
+    result = run_attempt(
+        Missing("true"),
+        task_prompt="x",
+        input_files={},
+        attempt_dir=tmp_path / "a",
+        base_url="http://127.0.0.1:9",
+        session_key="k",
+        model="m",
+        timeout_seconds=5,
+    )
+    assert result.exit_reason == "crashed" and "could not start" in result.detail
