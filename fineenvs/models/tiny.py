@@ -43,8 +43,13 @@ HIDDEN = 64
 # decode-vs-forward drift stays ~1e-5, far inside the 1e-4 logprob contract.
 INIT_RANGE = 0.1
 OUTPUT_GAIN = 3.0
+# HF's two gated-delta-rule paths (chunked for prompts and full forward passes, recurrent for
+# decoding) disagree by up to 1.4e-4 in logprob at this init (measured over prompts of 20-300
+# tokens; 2.5e-5 even in float64). Shrinking the linear-attention input projections 4x brings
+# the worst case to 1.3e-5, so the tiny Qwen3.5 meets the 1e-4 contract with margin.
+LINEAR_ATTENTION_IN_SCALE = 0.25
 # Bump when the build recipe changes, so stale caches are not reused.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -234,6 +239,15 @@ def _set_output_gain(model: Any, gain: float) -> None:
             weight.fill_(gain)
 
 
+def _scale_linear_attention_inputs(model: Any, scale: float) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".linear_attn.in_proj" in name:
+                param.mul_(scale)
+
+
 def _build(spec: TinyModelSpec, seed: int, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
@@ -265,6 +279,7 @@ def _build(spec: TinyModelSpec, seed: int, out: Path) -> None:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _set_output_gain(model, OUTPUT_GAIN)
+    _scale_linear_attention_inputs(model, LINEAR_ATTENTION_IN_SCALE)
     model.generation_config = GenerationConfig(
         bos_token_id=ids.get(spec.bos_token) if spec.bos_token else None,
         eos_token_id=[ids[t] for t in spec.stop_tokens],
