@@ -1,0 +1,149 @@
+"""SFT dataset builder on hand-made recorded sessions: one example per assistant turn, masks = that turn."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from fineenvs.engine.generation import Generator
+from fineenvs.engine.server import _prepare_messages
+from fineenvs.models import ensure_tiny_model
+from fineenvs.train.sft import (
+    RERENDER_REASON,
+    SFTDataError,
+    StudentRenderer,
+    TeacherSession,
+    build_sft_examples,
+    read_examples,
+    session_examples,
+    write_examples,
+)
+from tests.sft.sessions import EXPECTED, agent_session_calls
+
+MODELS = ("tiny_qwen", "tiny_lfm2", "tiny_qwen3_5")
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def student(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    name = str(request.param)
+    return name, AutoTokenizer.from_pretrained(ensure_tiny_model(name))
+
+
+@pytest.fixture(scope="module")
+def teacher_tok() -> Any:
+    # The teacher's tokens come from another model than the student's (tiny_lfm2 vs the rest).
+    return AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_lfm2"))
+
+
+def _session(teacher_tok: Any, harness: str = "opencode", sid: str = "s1") -> TeacherSession:
+    return TeacherSession("task-1", harness, sid, agent_session_calls(teacher_tok))
+
+
+def _mask_spans(mask: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def test_one_example_per_assistant_turn_mask_is_exactly_that_turn(
+    student: tuple[str, Any], teacher_tok: Any
+) -> None:
+    name, tok = student
+    session = _session(teacher_tok)
+    skipped: Counter[str] = Counter()
+    examples = session_examples(session, StudentRenderer(tok), max_length=100_000, skipped=skipped)
+    # c0 was abandoned (its sibling re-sent the prompt and continued), c4 was cut by the output cap.
+    assert [e.call_id for e in examples] == ["c1", "c2", "c3"]
+    assert dict(skipped) == {"retry_discarded": 1, "cut_by_output_cap": 1}
+    generator = Generator(ensure_tiny_model(name))
+    calls = {c["call_id"]: c for c in session.calls}
+    for e in examples:
+        call = calls[e.call_id]
+        assert e.rerendered is True and e.rerender_reason == RERENDER_REASON
+        assert len(e.input_ids) == len(e.assistant_masks) == e.prompt_tokens + e.completion_tokens
+        # Loss on this turn only: one span, at the end, covering the whole completion.
+        assert _mask_spans(e.assistant_masks) == [(e.prompt_tokens, len(e.input_ids))]
+        masked = [t for t, b in zip(e.input_ids, e.assistant_masks, strict=True) if b]
+        assert tok.decode(masked, skip_special_tokens=False) == EXPECTED[name][e.call_id]
+        assert masked[-1] == tok.eos_token_id
+        # Context: exactly what the embedded engine renders for the student when serving this request.
+        served = generator.render(
+            _prepare_messages(call["request"]["messages"]),
+            call["request"]["tools"],
+            add_generation_prompt=True,
+        )
+        assert e.input_ids[: e.prompt_tokens] == served
+        # The supervised text is the template's own rendering of that assistant message.
+        full = tok.apply_chat_template(
+            _prepare_messages([*call["request"]["messages"], call["response"]]),
+            tools=call["request"]["tools"],
+            tokenize=False,
+        )
+        assert EXPECTED[name][e.call_id] in full
+        # Re-rendered, not copied: the teacher's ids are another tokenizer's.
+        if name != "tiny_lfm2":
+            assert e.input_ids[: e.prompt_tokens] != call["prompt_ids"]
+
+
+def test_auxiliary_calls_dropped_when_asked(teacher_tok: Any) -> None:
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_qwen"))
+    examples = session_examples(
+        _session(teacher_tok), StudentRenderer(tok), max_length=100_000, drop_auxiliary=True
+    )
+    assert [e.call_id for e in examples] == ["c1", "c2"]
+
+
+def test_per_harness_subsets_and_union(teacher_tok: Any, tmp_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_qwen"))
+    renderer = StudentRenderer(tok)
+    sessions = [
+        _session(teacher_tok, "opencode", "s1"),
+        _session(teacher_tok, "codex", "s2"),
+        _session(teacher_tok, "opencode", "s3"),
+    ]
+    only, stats = build_sft_examples(sessions, renderer, harnesses=["opencode"], max_length=100_000)
+    assert {e.session_id for e in only} == {"s1", "s3"} and len(only) == 6
+    assert stats.sessions == {"opencode": 2} and stats.examples == {"opencode": 6}
+    union, ustats = build_sft_examples(
+        sessions, renderer, harnesses=["opencode", "codex"], max_length=100_000
+    )
+    assert len(union) == 9 and ustats.examples == {"opencode": 6, "codex": 3}
+    assert ustats.supervised_tokens["codex"] == sum(
+        e.completion_tokens for e in union if e.harness == "codex"
+    )
+    assert ustats.to_json()["total"]["examples"] == 9
+    assert ustats.skipped == {"retry_discarded": 3, "cut_by_output_cap": 3}
+    everything, _ = build_sft_examples(sessions, renderer, harnesses=None, max_length=100_000)
+    assert [(e.session_id, e.call_id) for e in everything] == [(e.session_id, e.call_id) for e in union]
+    write_examples(tmp_path / "ex.jsonl", union)
+    assert read_examples(tmp_path / "ex.jsonl") == union
+
+
+def test_over_long_and_empty_turns_are_counted_not_truncated(teacher_tok: Any) -> None:
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_qwen"))
+    session = _session(teacher_tok)
+    session.calls[2]["response"] = {"role": "assistant", "content": None}
+    skipped: Counter[str] = Counter()
+    first = session_examples(session, StudentRenderer(tok), max_length=100_000)
+    limit = max(len(e.input_ids) for e in first)
+    got = session_examples(session, StudentRenderer(tok), max_length=limit - 1, skipped=skipped)
+    assert skipped["empty_reply"] == 1 and skipped["over_max_length"] == 1
+    assert all(len(e.input_ids) < limit for e in got)
+
+
+def test_template_without_end_of_turn_token_is_refused() -> None:
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_qwen"))
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    with pytest.raises(SFTDataError, match="end-of-turn"):
+        StudentRenderer(tok).render_turn(
+            [{"role": "user", "content": "hi"}], None, {"role": "assistant", "content": "yo"}
+        )
