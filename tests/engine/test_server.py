@@ -209,30 +209,27 @@ def test_weight_update_rejects_bad_input(tiny_qwen_dir: Path, tiny_lfm2_dir: Pat
 def test_weight_update_drains_the_request_in_flight(tiny_model_factory: Any) -> None:
     app = create_engine_app(tiny_model_factory("tiny_qwen", 0), served_model_name="t")
     new_dir = tiny_model_factory("tiny_qwen", 1)
+    body = {"messages": USER, "max_tokens": 150, "ignore_eos": True, "seed": 1, "return_token_ids": True}
     with serve_in_thread(app) as url:
+        reference = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
         done: dict[str, Any] = {}
-
-        def long_request() -> None:
-            body = {
-                "messages": USER,
-                "max_tokens": 150,
-                "ignore_eos": True,
-                "seed": 1,
-                "return_token_ids": True,
-            }
-            done["reply"] = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
-            done["finished"] = time.monotonic()
-
-        thread = threading.Thread(target=long_request)
+        thread = threading.Thread(
+            target=lambda: done.update(
+                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+            )
+        )
         thread.start()
         while app.state.engine.pending == 0:
-            time.sleep(0.005)
+            time.sleep(0.002)
         update = httpx.post(f"{url}/update_weights_from_path", json={"path": str(new_dir)}, timeout=120)
-        updated = time.monotonic()
         thread.join()
         assert update.json()["weight_version"] == 1
-        assert done["reply"]["weight_version"] == 0 and len(done["reply"]["choices"][0]["token_ids"]) == 150
-        assert done["finished"] <= updated
+        # Had the swap happened mid-generation, the tail would come from the new weights.
+        assert done["weight_version"] == 0
+        assert done["choices"][0]["token_ids"] == reference["choices"][0]["token_ids"]
+        after = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+        assert after["weight_version"] == 1
+        assert after["choices"][0]["token_ids"] != reference["choices"][0]["token_ids"]
 
 
 def _complete(url: str, **body: Any) -> httpx.Response:
