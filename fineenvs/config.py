@@ -85,6 +85,11 @@ class HarnessSelection(enum.Enum):
     weighted = "weighted"  # deterministic weighted draw from the mix weights
 
 
+class SandboxKind(enum.Enum):
+    plain = "plain"  # fresh HOME/workdir, env from scratch, own process group, wall-clock timeout
+    bwrap = "bwrap"  # plus bubblewrap: read-only root, writable attempt dir, network only to the proxy
+
+
 class LossNormalisation(enum.Enum):
     per_token = "per_token"  # published: every trained token weighs the same
     per_attempt = "per_attempt"  # each attempt weighs the same, however many rows it produced
@@ -293,6 +298,8 @@ class SchedulerSpec:
     passes: int = 2
     seed: int = 0
     max_consecutive_empty_groups: int = 3
+    sandbox: SandboxKind = SandboxKind.plain
+    """Per-attempt isolation (README, "Isolation"); bwrap needs the bubblewrap package."""
 
 
 @dataclass

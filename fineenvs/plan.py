@@ -4,6 +4,7 @@ machine checks that must pass before anything starts."""
 from __future__ import annotations
 
 import shlex
+import shutil
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -178,6 +179,11 @@ def preflight(run: RunConfig) -> list[str]:
         problems.append(
             f"model={run.model.name} loads {run.model.path} from the Hugging Face Hub, which this machine may "
             "not reach; set model.source=local model.path=<dir> for a local copy, or use model=tiny_qwen."
+        )
+    if run.scheduler.sandbox.value == "bwrap" and shutil.which("bwrap") is None:
+        problems.append(
+            "scheduler.sandbox=bwrap needs bubblewrap, which is not installed: apt-get install bubblewrap "
+            "(or scheduler.sandbox=plain)."
         )
     problems += _harness_problems(run)
     return problems

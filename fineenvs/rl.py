@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import GRPOSpec, RunConfig, WeightSyncKind
+from fineenvs.config import GRPOSpec, RunConfig, SandboxKind, WeightSyncKind
 from fineenvs.logging import MetricLogger, metric_key
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
@@ -291,6 +291,7 @@ async def _run_rl(run: RunConfig) -> float:
                 max_model_calls=s.max_model_calls,
                 api_formats={n: h.api_format.value for n, h in run.harness.items()},
                 step_limits={n: h.step_limit for n, h in run.harness.items()},
+                use_bwrap=s.sandbox is SandboxKind.bwrap,
             ),
             tasks=task_map,
             reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
