@@ -68,7 +68,9 @@ def _a(
         (0.0, "context_overflow", False, False),
     ],
 )
-def test_infra_failure_classification(reward: float | None, exit_reason: str, answered: bool, infra: bool) -> None:
+def test_infra_failure_classification(
+    reward: float | None, exit_reason: str, answered: bool, infra: bool
+) -> None:
     a = _a("c", "t", "h", reward=reward, exit_reason=exit_reason, answered=answered)
     assert a.infra_failure is infra
 
@@ -106,7 +108,10 @@ def _synthetic() -> list[EvalAttempt]:
         _a("base", "t3", "opencode", reward=0.0, tools=4, exit_reason="timeout", answered=True),
         _a("base", "t1", "codex", reward=1.0, tools=8),
         _a("base", "t2", "codex", reward=0.0, tools=3, exit_reason="context_overflow"),
-        *[_a("base", "t3", "codex", reward=0.0, try_index=i, exit_reason="crashed", answered=False) for i in range(3)],
+        *[
+            _a("base", "t3", "codex", reward=0.0, try_index=i, exit_reason="crashed", answered=False)
+            for i in range(3)
+        ],
         _a("rl", "t1", "opencode", reward=1.05, tools=4),
         _a("rl", "t2", "opencode", reward=1.0, tools=6),
         _a("rl", "t3", "opencode", reward=1.0, tools=1),
@@ -121,7 +126,9 @@ def _synthetic() -> list[EvalAttempt]:
 
 
 def _results() -> dict:
-    return compute_results(_synthetic(), checkpoints=["base", "rl"], harnesses=HARNESSES, task_ids=TASKS, split="test")
+    return compute_results(
+        _synthetic(), checkpoints=["base", "rl"], harnesses=HARNESSES, task_ids=TASKS, split="test"
+    )
 
 
 def test_pass_at_1_matrix_and_overall() -> None:
@@ -212,7 +219,9 @@ class ScriptedRunner:
         return item
 
 
-def _o(reward: float | None, exit_reason: str = "finished", answered: bool = True, tools: int = 1) -> AttemptOutcome:
+def _o(
+    reward: float | None, exit_reason: str = "finished", answered: bool = True, tools: int = 1
+) -> AttemptOutcome:
     return AttemptOutcome(
         attempt_id="",
         group_id="",
@@ -226,7 +235,9 @@ def _o(reward: float | None, exit_reason: str = "finished", answered: bool = Tru
     )
 
 
-def _run(runner: ScriptedRunner, prior: list[EvalAttempt], sink_path: Path, retries: int = 2) -> list[EvalAttempt]:
+def _run(
+    runner: ScriptedRunner, prior: list[EvalAttempt], sink_path: Path, retries: int = 2
+) -> list[EvalAttempt]:
     from fineenvs.eval import append_attempt
 
     return asyncio.run(
@@ -289,7 +300,9 @@ def test_resume_skips_graded_cells_and_continues_try_numbers(tmp_path: Path) -> 
     assert second.calls == ["t00001-h-try1"]  # t1 graded: not re-run; t2 retried under a fresh id
     assert [(a.task_id, a.try_index) for a in new] == [("t2", 1)]
     all_attempts = read_attempts(sink)
-    r = compute_results(all_attempts, checkpoints=["ck"], harnesses=["h"], task_ids=["t1", "t2"], split="test")
+    r = compute_results(
+        all_attempts, checkpoints=["ck"], harnesses=["h"], task_ids=["t1", "t2"], split="test"
+    )
     assert r["cells"]["ck"]["h"]["graded"] == 2 and r["pass_at_1"]["ck"]["h"] == 0.5
     # Nothing left: a third run starts nothing.
     third = ScriptedRunner({})
