@@ -37,7 +37,7 @@ from fineenvs.proxy.control import ControlPlane
 from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
-from fineenvs.proxy.store import CallStore, StoreError
+from fineenvs.proxy.store import CallStore, RequestRecord, StoreError
 from fineenvs.proxy.upstream import (
     BadRequest,
     UpstreamError,
@@ -75,6 +75,19 @@ CONTEXT_TEXT = (
     "fineenvs proxy: the conversation no longer fits in the model's context window. "
     "Stop here: no further actions will be run."
 )
+
+
+@dataclass
+class PreparedCall:
+    """One converted model call, reduced to what forwarding, recording and replying need."""
+
+    session: Session
+    dialect_name: str
+    dialect: Dialect
+    reply_request: CanonicalRequest  # without messages/tools: dialects read only flags and state
+    payload: bytes
+    record_request: RequestRecord
+    fields: dict[str, Any]
 
 
 @dataclass
@@ -163,7 +176,7 @@ class ProxyApp:
         del raw  # 200 KB per call in flight: keep only the converted request while the engine works
         if isinstance(prepared, Response):
             return prepared
-        session, name, dialect, canonical, engine_req, harness_ids = prepared
+        session, dialect, canonical = prepared.session, prepared.dialect, prepared.reply_request
         reply_model = canonical.model or self.settings.served_model
         session.last_call_at = time.time()
         if session.model_calls >= session.max_model_calls:
@@ -174,7 +187,7 @@ class ProxyApp:
         session.model_calls += 1
         index = session.next_index
         session.next_index += 1
-        task = asyncio.create_task(self._forward(session, index, name, canonical, engine_req, harness_ids))
+        task = asyncio.create_task(self._forward(prepared, index))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         if canonical.stream:
@@ -196,7 +209,7 @@ class ProxyApp:
 
     def _prepare(
         self, request: Request, path: str, path_key: str | None, raw: bytes | None
-    ) -> Response | tuple[Session, str, Dialect, CanonicalRequest, Any, dict[str, Any]]:
+    ) -> Response | PreparedCall:
         """Parse, authenticate and convert one model call (synchronous: no awaits inside)."""
         headers = request.headers
         if raw is None:
@@ -248,7 +261,36 @@ class ProxyApp:
                 400,
                 f"could not read the {name} request ({type(exc).__name__}: {exc}). Check its shape.",
             )
-        return session, name, dialect, canonical, engine_req, _harness_ids(headers, body)
+        messages = canonical.body.get("messages") or []
+        tools = canonical.body.get("tools") or None
+        params = {k: v for k, v in canonical.body.items() if k not in ("messages", "tools")}
+        # From here on only the engine payload, the record's new suffix and a slim request for
+        # the reply stay alive: a 200 KB conversation is several times that as Python objects.
+        return PreparedCall(
+            session=session,
+            dialect_name=name,
+            dialect=dialect,
+            reply_request=CanonicalRequest(
+                body=params, stream=canonical.stream, model=canonical.model, notes=[], state=canonical.state
+            ),
+            payload=orjson.dumps(engine_req.body),
+            record_request=self.store.prepare_request(session.session_id, messages, tools),
+            fields={
+                "dialect": name,
+                "stream": canonical.stream,
+                "model_requested": canonical.model,
+                "served_model": self.settings.served_model,
+                "has_tools": bool(tools),
+                "sampling_requested": engine_req.requested_sampling,
+                "sampling_applied": engine_req.applied_sampling,
+                "max_tokens_requested": engine_req.max_tokens_requested,
+                "max_tokens_applied": engine_req.body["max_tokens"],
+                "request_params": params,
+                "dialect_state": canonical.state,
+                "harness_ids": _harness_ids(headers, body),
+                "notes": [*canonical.notes, *engine_req.notes],
+            },
+        )
 
     async def _aux(self, request: Request, kind: str, path: str) -> Response:
         self.aux_calls += 1
@@ -276,20 +318,13 @@ class ProxyApp:
         except StoreError as exc:
             log.error("could not record %s event for %s: %s", kind, session.session_id, exc)
 
-    async def _forward(
-        self,
-        session: Session,
-        index: int,
-        dialect_name: str,
-        canonical: CanonicalRequest,
-        engine_req: Any,
-        harness_ids: dict[str, Any],
-    ) -> Outcome:
+    async def _forward(self, call: PreparedCall, index: int) -> Outcome:
         """Engine call + durable record. Runs as its own task: a disconnecting client cannot cancel it."""
+        session = call.session
         arrived = time.time()
         t0 = time.perf_counter()
         session.inflight += 1
-        for k, v in harness_ids.items():
+        for k, v in call.fields["harness_ids"].items():
             seen = session.harness_ids.setdefault(k, [])
             if v not in seen and len(seen) < 16:
                 seen.append(v)
@@ -297,49 +332,36 @@ class ProxyApp:
             try:
                 started = time.perf_counter()
                 async with self.upstream_slots:
-                    resp, attempts = await post_with_retries(self.upstream, self.settings, engine_req.body)
+                    resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
                 async with self._cpu_turn():
                     result = decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - started)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")
                     exc = UpstreamError("unavailable", 502, f"{type(exc).__name__}: {exc}")
-                fields = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
+                failure = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
                 if exc.kind == "context_overflow":
                     session.context_stops += 1
-                    await self._event(session, "context_stop", index, fields)
+                    await self._event(session, "context_stop", index, failure)
                     return Outcome("stop", stop_completion(CONTEXT_TEXT))
                 if exc.kind == "rejected":
                     session.rejected_calls += 1
-                    await self._event(session, "upstream_rejected", index, fields)
+                    await self._event(session, "upstream_rejected", index, failure)
                     return Outcome(
                         "error", status=exc.status, message=f"the engine rejected the request: {exc.message}"
                     )
                 session.upstream_errors += 1
-                await self._event(session, "upstream_error", index, fields)
+                await self._event(session, "upstream_error", index, failure)
                 return Outcome("error", status=502, message=f"engine unavailable: {exc.message}")
-            body = canonical.body
-            tools = body.get("tools") or None
             fields = {
                 "index": index,
-                "dialect": dialect_name,
-                "stream": canonical.stream,
-                "model_requested": canonical.model,
-                "served_model": self.settings.served_model,
+                **call.fields,
                 "logprobs": result.logprobs,
                 "logprobs_aligned": result.logprobs_aligned,
                 "finish_reason": result.finish_reason,
-                "has_tools": bool(tools),
-                "sampling_requested": engine_req.requested_sampling,
-                "sampling_applied": engine_req.applied_sampling,
-                "max_tokens_requested": engine_req.max_tokens_requested,
-                "max_tokens_applied": engine_req.body["max_tokens"],
-                "request_params": {k: v for k, v in body.items() if k not in ("messages", "tools")},
-                "dialect_state": canonical.state,
-                "harness_ids": harness_ids,
                 "weight_version": result.weight_version,
                 "usage": result.completion.get("usage"),
-                "notes": [*canonical.notes, *engine_req.notes, *result.notes],
+                "notes": [*call.fields["notes"], *result.notes],
                 "timings": {
                     "arrived_at": arrived,
                     "upstream_s": round(result.upstream_s, 6),
@@ -353,8 +375,7 @@ class ProxyApp:
                     f"c{index:05d}",
                     prompt_ids=result.prompt_ids if result.prompt_ids is not None else [],
                     sampled_ids=result.sampled_ids,
-                    messages=body.get("messages") or [],
-                    tools=tools,
+                    request=call.record_request,
                     response_message=result.message,
                     fields=fields,
                 )

@@ -104,10 +104,13 @@ class TokenIndex:
             self.ends.append((n_full, end_hash(chain, full, n_full), call_id))
 
 
-def message_digests(messages: Sequence[Any]) -> list[bytes]:
-    """Chain hashes over canonical messages; ``out[i]`` covers ``messages[:i + 1]``."""
-    out: list[bytes] = []
-    prev = b""
+def message_digests(messages: Sequence[Any], chain: list[bytes] | None = None) -> list[bytes]:
+    """Chain hashes over canonical messages; ``out[i]`` covers ``messages[:i + 1]``.
+
+    With ``chain`` (an earlier result), continues it over ``messages`` and returns the whole chain.
+    """
+    out: list[bytes] = list(chain or [])
+    prev = out[-1] if out else b""
     for message in messages:
         # Key order is the dialect's, deterministic for the same input: no need to sort.
         prev = _h(prev, orjson.dumps(message))

@@ -62,6 +62,23 @@ class _Write:
 _Batch = tuple[asyncio.AbstractEventLoop, list[_Write]]
 
 
+@dataclass
+class RequestRecord:
+    """A request's part of its call record, taken before the engine call (see ``prepare_request``).
+
+    ``tools`` is kept only when the session has not recorded that manifest yet. If the index was
+    dropped after a failed write and the manifest turns out unrecorded at encode time, the line
+    carries the digest alone and ``read_session`` reports ``tools: None`` for it.
+    """
+
+    chain: list[bytes]
+    parent: str | None
+    offset: int
+    suffix: orjson.Fragment
+    tools_digest: str | None
+    tools: orjson.Fragment | None
+
+
 def _digest_hex(prompt: bytes, n: int) -> str:
     return end_hash(block_chain(prompt, n), prompt, n).hex()
 
@@ -273,6 +290,31 @@ class CallStore:
         chain = block_chain(prompt, n)
         index.tokens.add(call_id, prompt, n, chain, prompt + token_bytes(sampled_ids))
 
+    def prepare_request(self, session_id: str, messages: list[Any], tools: list[Any] | None) -> RequestRecord:
+        """Take what the record needs from a request before the engine call (on the event loop).
+
+        The messages are matched against the session's earlier calls now, so only the new suffix
+        is kept while the engine works and the full list can be freed.
+        """
+        index = self._index(session_id)
+        chain = message_digests(messages)
+        match = index.messages.match(chain)
+        digest = None
+        if tools:
+            digest = hashlib.blake2b(
+                orjson.dumps(tools, option=orjson.OPT_SORT_KEYS), digest_size=12
+            ).hexdigest()
+        new_tools = digest is not None and digest not in index.tools
+        # Pre-serialized (orjson.Fragment): bytes are a third of the same messages as objects.
+        return RequestRecord(
+            chain=chain,
+            parent=match.parent,
+            offset=match.offset,
+            suffix=orjson.Fragment(orjson.dumps(messages[match.offset :])),
+            tools_digest=digest,
+            tools=orjson.Fragment(orjson.dumps(tools)) if new_tools else None,
+        )
+
     def encode_call(
         self,
         session_id: str,
@@ -280,8 +322,7 @@ class CallStore:
         *,
         prompt_ids: Sequence[int] | np.ndarray,
         sampled_ids: Sequence[int],
-        messages: list[Any],
-        tools: list[Any] | None,
+        request: RequestRecord,
         response_message: dict[str, Any],
         fields: dict[str, Any],
     ) -> bytes:
@@ -300,25 +341,15 @@ class CallStore:
             "len": n,
             "digest": end_hash(chain, prompt, n).hex(),
         }
-        msg_chain = message_digests([*messages, response_message])
-        msg_match = index.messages.match(msg_chain[: len(messages)])
-        index.messages.add(call_id, msg_chain)
-        request: dict[str, Any] = {
-            "messages": {
-                "parent": msg_match.parent,
-                "offset": msg_match.offset,
-                "suffix": messages[msg_match.offset :],
-            },
-            "tools_digest": None,
+        index.messages.add(call_id, message_digests([response_message], request.chain))
+        req: dict[str, Any] = {
+            "messages": {"parent": request.parent, "offset": request.offset, "suffix": request.suffix},
+            "tools_digest": request.tools_digest,
         }
-        if tools:
-            digest = hashlib.blake2b(
-                orjson.dumps(tools, option=orjson.OPT_SORT_KEYS), digest_size=12
-            ).hexdigest()
-            request["tools_digest"] = digest
-            if digest not in index.tools:
-                index.tools.add(digest)
-                request["tools"] = tools
+        if request.tools_digest is not None and request.tools_digest not in index.tools:
+            index.tools.add(request.tools_digest)
+            if request.tools is not None:
+                req["tools"] = request.tools
         record = {
             "type": "call",
             "schema_version": SCHEMA_VERSION,
@@ -326,7 +357,7 @@ class CallStore:
             "session_id": session_id,
             "prompt": prompt_rec,
             "sampled_ids": list(sampled_ids),
-            "request": request,
+            "request": req,
             "response": response_message,
             **fields,
         }

@@ -167,11 +167,10 @@ def _retry_after(resp: EngineResponse, cap: float) -> float | None:
 
 
 async def post_with_retries(
-    client: EngineClient, settings: ProxySettings, body: dict[str, Any]
+    client: EngineClient, settings: ProxySettings, payload: bytes
 ) -> tuple[EngineResponse, int]:
-    """POST to the engine; returns a 2xx response or raises ``UpstreamError``."""
+    """POST the serialized request to the engine; returns a 2xx response or raises ``UpstreamError``."""
     url = settings.upstream_url.rstrip("/") + "/v1/chat/completions"
-    payload = orjson.dumps(body)
     last = "no attempt made"
     for attempt in range(1, settings.retries + 1):
         delay = settings.retry_backoff_s * (2 ** (attempt - 1))
@@ -331,5 +330,5 @@ def decode_reply(resp: EngineResponse, *, attempts: int, upstream_s: float) -> E
 
 async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
     start = time.perf_counter()
-    resp, attempts = await post_with_retries(client, settings, body)
+    resp, attempts = await post_with_retries(client, settings, orjson.dumps(body))
     return decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - start)
