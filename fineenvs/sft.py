@@ -359,15 +359,15 @@ async def _collect_teacher(run: RunConfig) -> float:
 
 def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
     """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
-    from fineenvs.proxy.store import CallStore
-    from fineenvs.train.sft import TeacherSession
-
     path = teacher_dir / TEACHER_MANIFEST
     if not path.is_file():
         raise _aborted(
             f"{path} does not exist: trainer.teacher_dir must be the output directory of a finished "
             "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
         )
+    from fineenvs.proxy.store import CallStore
+    from fineenvs.train.sft import TeacherSession
+
     manifest = json.loads(path.read_text(encoding="utf-8"))
     store_dir = Path(manifest["store_dir"])
     if not store_dir.is_dir() and (teacher_dir / "records").is_dir():
@@ -414,11 +414,6 @@ def _eos_ids(model_dir: Path) -> list[int]:
 
 
 def run_sft(run: RunConfig) -> float | None:
-    from transformers import AutoTokenizer
-
-    from fineenvs.logging import MetricLogger
-    from fineenvs.train.sft import SFTSettings, StudentRenderer, build_sft_examples, train_sft, write_examples
-
     t = run.trainer
     if not isinstance(t, SFTSpec):
         raise _aborted("job=sft needs trainer=sft")
@@ -431,6 +426,11 @@ def run_sft(run: RunConfig) -> float | None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
+    from transformers import AutoTokenizer
+
+    from fineenvs.logging import MetricLogger
+    from fineenvs.train.sft import SFTSettings, StudentRenderer, build_sft_examples, train_sft, write_examples
+
     harnesses = list(run.harness)
     available = sorted({s.harness for s in sessions})
     if not set(harnesses) & set(available):
