@@ -648,7 +648,12 @@ async def _serve_and_evaluate(
 def run_eval(run: RunConfig) -> float:
     """``job=eval``: every checkpoint x harness x task; writes ``eval/results.json``; returns the
     overall pass@1 of the last checkpoint (the sweep objective)."""
-    return asyncio.run(_run_eval(run))
+    from fineenvs.rl import RunAborted  # the job runner prints it without a traceback
+
+    try:
+        return asyncio.run(_run_eval(run))
+    except EvalError as err:
+        raise RunAborted(f"evaluation cannot start: {err}") from None
 
 
 async def _run_eval(run: RunConfig) -> float:
@@ -691,7 +696,8 @@ async def _run_eval(run: RunConfig) -> float:
             run.logger,
             out / _slug(key),
             run_name=f"eval-{_label(key)}",
-            config={"checkpoint": key, "run": run},
+            # The run's config at top level (dashboards group by config.experiment) plus the checkpoint.
+            config={**asdict(run), "eval_checkpoint": key},
         ) as logger:
             logger.log(eval_metrics(results, key), step=i)
     print("\n" + format_tables(results), flush=True)
