@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     serve.add_argument("--keepalive-seconds", type=float, default=5.0)
+    serve.add_argument("--body-timeout-seconds", type=float, default=60.0, help="408 after this long")
     serve.add_argument("--max-upstream-concurrency", type=int, default=256, help="engine calls in flight")
     serve.add_argument("--retries", type=int, default=3, help="attempts per call on 408/409/429/5xx")
     serve.add_argument(
@@ -60,6 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         sampling=SamplingPolicy(temperature=args.temperature),
         max_body_bytes=args.max_body_bytes,
         keepalive_seconds=args.keepalive_seconds,
+        body_timeout_s=args.body_timeout_seconds,
         retries=args.retries,
         max_upstream_concurrency=args.max_upstream_concurrency,
         fsync=not args.no_fsync,

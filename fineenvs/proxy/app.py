@@ -67,6 +67,8 @@ HARNESS_ID_HEADERS = (
 # gave /health p99 of 72-174 ms with 1,000 sessions bursting on a loaded 2-core box, 2 gave
 # 62-82 ms with the same throughput: the total work is the same, only its slicing changes.
 CPU_SLOTS = 2
+# Model-call bodies being read and converted at once (the rest wait, unread, before that).
+INTAKE_SLOTS = 64
 BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
     "Stop here: no further actions will be run."
@@ -125,6 +127,7 @@ class ProxyApp:
         self.aux_calls = 0
         self.upstream_slots = asyncio.Semaphore(settings.max_upstream_concurrency)
         self.cpu_slots = asyncio.Semaphore(CPU_SLOTS)
+        self.intake_slots = asyncio.Semaphore(INTAKE_SLOTS)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -170,10 +173,21 @@ class ProxyApp:
         if method != "POST":
             dialect = self._dialect(detect(path, headers, None))
             return self._error(dialect, 404, f"no route {method} {path}: model calls are POST requests.")
-        raw = await self._read_body(request)
-        async with self._cpu_turn():
-            prepared = self._prepare(request, path, path_key, raw)
-        del raw  # 200 KB per call in flight: keep only the converted request while the engine works
+        # Bodies not yet admitted stay in the kernel's socket buffers (uvicorn stops reading at
+        # its high-water mark), not in this process: 320 agents sending 200 KB at once would
+        # otherwise hold 64 MB of raw bodies while they wait for a CPU turn.
+        async with self.intake_slots:
+            try:
+                async with asyncio.timeout(self.settings.body_timeout_s):
+                    raw = await self._read_body(request)
+            except TimeoutError:
+                dialect = self._dialect(detect(path, headers, None))
+                return self._error(
+                    dialect, 408, f"the request body did not arrive within {self.settings.body_timeout_s} s."
+                )
+            async with self._cpu_turn():
+                prepared = self._prepare(request, path, path_key, raw)
+            del raw  # keep only the converted request while the engine works
         if isinstance(prepared, Response):
             return prepared
         session, dialect, canonical = prepared.session, prepared.dialect, prepared.reply_request
@@ -333,6 +347,7 @@ class ProxyApp:
                 started = time.perf_counter()
                 async with self.upstream_slots:
                     resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
+                call.payload = b""  # answered: free it before waiting for a CPU turn
                 async with self._cpu_turn():
                     result = decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - started)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply

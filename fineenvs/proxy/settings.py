@@ -52,6 +52,8 @@ class ProxySettings:
     sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_seconds: float = 5.0
+    # A client that sends headers but trickles (or never sends) its body gives up its intake slot.
+    body_timeout_s: float = 60.0
     retries: int = 3
     retry_backoff_s: float = 0.5
     max_retry_after_s: float = 60.0

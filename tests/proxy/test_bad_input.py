@@ -244,3 +244,33 @@ def test_429_is_retried_with_retry_after_then_recorded_once(make_proxy: Any) -> 
     assert r.status_code == 200 and reply_text("openai_chat", r.json()) == "reply to: patience"
     (call,) = h.store.read_session(s["session_id"])["calls"]
     assert call["timings"]["attempts"] == 3 and len(h.engine.requests) == 3
+
+
+def test_body_that_never_arrives_times_out_with_408(make_proxy: Any) -> None:
+    h = make_proxy(body_timeout_s=0.2)
+    s = h.session()
+
+    async def scenario() -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(3600)  # headers came, the body never does
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        path = f"/s/{s['key']}/v1/messages"
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80), "state": {},
+        }  # fmt: skip
+        await asyncio.wait_for(h.app(scope, receive, send), 5)
+        return sent
+
+    sent = h.run(scenario())
+    assert sent[0]["status"] == 408
+    assert "did not arrive" in error_message("anthropic_messages", orjson.loads(sent[1]["body"]))
+    healthy(h)
