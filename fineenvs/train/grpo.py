@@ -15,7 +15,9 @@ same however the rows are split into micro-batches (TRL #7249): ``per_token`` (p
 Off-policy. Every step logs ``train/ratio`` (mean, min, max of exp(trainer logprob - behaviour
 logprob) over trained tokens) with logits divided by ``temperature``, which must be the engine's
 sampling temperature. On-policy in float32 it is 1 within 1e-4 (tested against the embedded
-engine's sampling loop). ``importance_sampling="tis"`` truncates the importance weight at
+engine's sampling loop; measured on 8 two-turn rows, 286 tokens, T in {1.0, 0.7}: |mean - 1| <=
+6.3e-7 and every token's ratio within [0.99996, 1.00003] for tiny_qwen, tiny_lfm2 and
+tiny_qwen3_5). ``importance_sampling="tis"`` truncates the importance weight at
 ``importance_sampling_clip`` C, ``"mask"`` drops tokens whose ratio leaves [1/C, C]; both off by
 default, as published (staleness is bounded by the scheduler instead). ``beta`` > 0 adds TRL's
 KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (times the ratio, TRL's
@@ -167,12 +169,15 @@ class GRPOTrainerSettings:
             raise ValueError("GRPOTrainerSettings: " + "; ".join(p))
 
 
-def _dtype_for_device(name: str) -> torch.dtype:
-    return DTYPES[name]
-
-
 class CapturedGRPOTrainer:
-    """GRPO on captured rows (see the module docstring)."""
+    """GRPO on captured rows (see the module docstring).
+
+    ``settings`` is kept by reference. Read at every step: ``micro_batch_size``,
+    ``normalisation``, ``importance_sampling``, ``importance_sampling_clip``, ``token_budget``,
+    ``max_completion_length``, ``weight_sync_interval``, ``max_grad_norm``, and ``beta`` (which
+    can only be turned off later, the reference model being loaded at construction). The loss
+    type, clipping, temperature, optimizer and schedule are fixed at construction.
+    """
 
     def __init__(
         self,
@@ -192,7 +197,7 @@ class CapturedGRPOTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.on_weights_updated = on_weights_updated
         hf_set_seed(settings.seed)
-        dtype = _dtype_for_device(settings.dtype)
+        dtype = DTYPES[settings.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
         model.config.use_cache = False
@@ -313,6 +318,13 @@ class CapturedGRPOTrainer:
             )
         if s.loss_type == "vespo" and any(r.loss_weight is not None for r in kept):
             raise ValueError("loss_type='vespo' cannot apply per-token loss_weight; build rows without it")
+        vocab = int(self.unwrapped_model.get_input_embeddings().weight.shape[0])
+        top = max(max(r.input_ids) for r in kept)
+        if top >= vocab or min(min(r.input_ids) for r in kept) < 0:
+            raise ValueError(
+                f"a row holds token id {top}, outside the model's vocabulary of {vocab} ({self.model_dir}): "
+                "rows must be captured from an engine serving this model's tokenizer"
+            )
         rule = resolve_normalisation(s.normalisation, s.loss_type)
         weights = token_weights(kept, rule, s.max_completion_length)
         plan = plan_micro_batches(kept, s.micro_batch_size)

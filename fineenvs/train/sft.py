@@ -305,7 +305,8 @@ class SFTSettings:
     max_length: int = 40960
     save_steps: int = 50
     dtype: str = "bfloat16"
-    """Training dtype on an accelerator; on CPU the model always trains in float32."""
+    """Compute dtype on an accelerator (mixed precision over float32 master weights: bf16 weights
+    would round away updates of LR 3e-6); on CPU everything is float32."""
     gradient_checkpointing: bool = True
     seed: int = 0
 
@@ -360,7 +361,7 @@ def train_sft(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     dataset = Dataset.from_dict(
         {
             "input_ids": [e.input_ids for e in examples],

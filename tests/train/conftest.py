@@ -18,7 +18,7 @@ import pytest
 from fineenvs.train.rows import TrainRow
 
 SampleRows = Callable[..., list[TrainRow]]
-_GENERATORS: dict[Path, object] = {}
+_GENERATORS: dict[tuple[Path, int], object] = {}
 
 
 def _generator(model_dir: Path) -> object:
@@ -26,9 +26,11 @@ def _generator(model_dir: Path) -> object:
     per call, so sharing it keeps rows deterministic)."""
     from fineenvs.engine.generation import Generator
 
-    key = Path(model_dir).resolve()
+    path = Path(model_dir).resolve()
+    # Keyed by the weights' mtime too: a tiny model rebuilt mid-session must not be sampled stale.
+    key = (path, (path / "model.safetensors").stat().st_mtime_ns)
     if key not in _GENERATORS:
-        _GENERATORS[key] = Generator(key, dtype="float32")
+        _GENERATORS[key] = Generator(path, dtype="float32")
     return _GENERATORS[key]
 
 

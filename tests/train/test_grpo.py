@@ -174,6 +174,13 @@ def test_rows_of_one_attempt_must_share_its_advantage(qwen_dir: Path, tmp_path: 
         trainer.step([a, b])
 
 
+def test_rows_from_another_tokenizer_are_refused(qwen_dir: Path, tmp_path: Path) -> None:
+    trainer = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(), tmp_path)
+    row = TrainRow([5, 6, 5000], [0, 1, 1], [0.0, -1.0, -1.0], 1.0, "x", "g", 0)
+    with pytest.raises(ValueError, match="token id 5000, outside the model's vocabulary of 1024"):
+        trainer.step([row])
+
+
 RHOS = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
