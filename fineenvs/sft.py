@@ -89,6 +89,19 @@ class PairResult:
     def kept(self) -> AttemptOutcome | None:
         return next((a for a in self.attempts if is_correct(a)), None)
 
+    @property
+    def settled(self) -> bool:
+        """A correct attempt, or every attempt graded: a rerun would not change this pair's answer.
+        An ungraded attempt (timeout without an answer, crash, dead proxy) leaves it open."""
+        return self.kept is not None or (
+            len(self.attempts) == len(self.group.attempt_ids)
+            and all(a.reward is not None for a in self.attempts)
+        )
+
+
+class CollectionAborted(RuntimeError):
+    """Too many ungraded attempts in a row: the engine, proxy or agents are broken, not the teacher."""
+
 
 async def collect_pairs(
     groups: Sequence[PlannedGroup],
@@ -97,20 +110,26 @@ async def collect_pairs(
     max_inflight: int,
     on_attempt: Callable[[AttemptOutcome], None] | None = None,
     on_pair: Callable[[PairResult], None] | None = None,
+    max_consecutive_ungraded: int | None = None,
 ) -> list[PairResult]:
     """Run each pair's attempts in order until one is correct; at most ``max_inflight`` at once.
 
     A runner exception is an attempt outcome (``exit_reason="crashed"``), as in the RL scheduler:
-    the pair moves on to its next attempt.
+    the pair moves on to its next attempt. After ``max_consecutive_ungraded`` ungraded attempts in
+    a row no new attempt starts and ``CollectionAborted`` is raised once the running ones end.
     """
     if max_inflight < 1:
         raise ValueError("max_inflight must be >= 1")
     slots = asyncio.Semaphore(max_inflight)
+    ungraded_run = [0]
+    exits: Counter[str] = Counter()
 
     async def one(group: PlannedGroup) -> PairResult:
         result = PairResult(group)
         async with slots:
             for index in range(len(group.attempt_ids)):
+                if max_consecutive_ungraded is not None and ungraded_run[0] >= max_consecutive_ungraded:
+                    break
                 try:
                     outcome = await runner(group, index, 0)
                 except Exception as err:  # noqa: BLE001 - one broken attempt must not end the collection
@@ -125,6 +144,8 @@ async def collect_pairs(
                         error=f"{type(err).__name__}: {err}",
                     )
                 result.attempts.append(outcome)
+                exits[outcome.exit_reason] += 1
+                ungraded_run[0] = ungraded_run[0] + 1 if outcome.reward is None else 0
                 if on_attempt is not None:
                     on_attempt(outcome)
                 if is_correct(outcome):
@@ -133,7 +154,15 @@ async def collect_pairs(
             on_pair(result)
         return result
 
-    return list(await asyncio.gather(*(one(g) for g in groups)))
+    results = list(await asyncio.gather(*(one(g) for g in groups)))
+    if max_consecutive_ungraded is not None and ungraded_run[0] >= max_consecutive_ungraded:
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(exits.items()))
+        raise CollectionAborted(
+            f"{ungraded_run[0]} attempts in a row were ungraded (attempt exits so far: {reasons}): the engine, "
+            "the proxy or the agents are failing, not the teacher. Finished pairs are kept; fix the cause (see "
+            "the agents' logs under attempts/ and proxy.log) and rerun in the same directory to continue."
+        )
+    return results
 
 
 def _attempt_record(a: AttemptOutcome) -> dict[str, Any]:
@@ -156,6 +185,7 @@ def _pair_record(p: PairResult, attempts_dir: Path) -> dict[str, Any]:
         "reward": kept.reward if kept else None,
         "tool_calls": kept.tool_calls if kept else None,
         "model_calls": kept.model_calls if kept else None,
+        "settled": p.settled,
     }
 
 
@@ -189,7 +219,8 @@ def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
 
 def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> dict[str, Any]:
     """``teacher_manifest.json`` from the pairs log and the proxy store; returns the summary."""
-    pairs = _read_jsonl(out / PAIRS_LOG)
+    latest = {p["group_id"]: p for p in _read_jsonl(out / PAIRS_LOG)}  # a rerun pair's newest line wins
+    pairs = list(latest.values())
     sessions = _sessions_by_attempt(store_dir)
     kept: list[dict[str, Any]] = []
     missing: list[str] = []
@@ -274,7 +305,7 @@ async def _collect_teacher(run: RunConfig) -> float:
         raise _aborted("harness CLIs missing:\n  " + "\n  ".join(problems))
     tasks = load_run_tasks(run)
     groups = teacher_pairs([task.task_id for task in tasks], list(run.harness), t.teacher_attempts_per_task)
-    done = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG)}
+    done = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG) if p.get("settled", True)}
     todo = [g for g in groups if g.group_id not in done]
     attempts_dir = out / "attempts"
     for g in todo:
@@ -341,7 +372,11 @@ async def _collect_teacher(run: RunConfig) -> float:
                 max_inflight=s.max_inflight,
                 on_attempt=lambda a: _append_jsonl(out / "attempts.jsonl", _attempt_record(a)),
                 on_pair=on_pair,
+                max_consecutive_ungraded=s.max_consecutive_empty_groups * s.max_inflight,
             )
+        except CollectionAborted as err:
+            write_teacher_manifest(out, store_dir, run.model.path)
+            raise _aborted(str(err)) from None
         finally:
             await runner.aclose()
     summary = write_teacher_manifest(out, store_dir, run.model.path)

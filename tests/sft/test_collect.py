@@ -13,6 +13,7 @@ from fineenvs.rollout.scheduler import AttemptOutcome
 from fineenvs.sft import (
     PAIRS_LOG,
     TEACHER_MANIFEST,
+    CollectionAborted,
     PairResult,
     _pair_record,
     collect_pairs,
@@ -99,12 +100,33 @@ def test_first_correct_attempt_is_kept_and_the_pair_stops() -> None:
     assert by_task["first"].kept is not None and by_task["first"].kept.attempt_id.endswith("-a0")
     assert by_task["second"].kept is not None and by_task["second"].kept.attempt_id.endswith("-a1")
     assert by_task["never"].kept is None
+    # An ungraded attempt leaves the pair open for a rerun; a correct or fully graded one settles it.
+    assert [by_task[t].settled for t in script] == [True, True, False, True]
     crashed = by_task["crash"].attempts[0]
     assert crashed.exit_reason == "crashed" and "agent exploded" in str(crashed.error)
     assert by_task["crash"].kept is not None and by_task["crash"].kept.attempt_id.endswith("-a1")
     assert sorted(seen) == sorted(calls) and len(calls) == 8
     assert sorted(pairs) == sorted(script)
     assert inflight[1] <= 2
+
+
+def test_collection_stops_after_too_many_ungraded_attempts() -> None:
+    calls: list[str] = []
+
+    async def runner(group: PlannedGroup, index: int, version: int) -> AttemptOutcome:
+        calls.append(group.attempt_ids[index])
+        raise ConnectionError("proxy is gone")
+
+    logged: list[PairResult] = []
+    groups = teacher_pairs(["a", "b", "c"], ["opencode"], 3)
+    with pytest.raises(
+        CollectionAborted, match=r"3 attempts in a row were ungraded \(attempt exits so far: crashed=3\)"
+    ):
+        asyncio.run(
+            collect_pairs(groups, runner, max_inflight=1, on_pair=logged.append, max_consecutive_ungraded=3)
+        )
+    assert calls == ["teacher-t00000-opencode-a0", "teacher-t00000-opencode-a1", "teacher-t00000-opencode-a2"]
+    assert [len(p.attempts) for p in logged] == [3, 0, 0] and not any(p.settled for p in logged)
 
 
 def _write_meta(store: Path, sid: str, attempt: str, created: float) -> None:
