@@ -427,7 +427,12 @@ class CapturedGRPOTrainer:
     def _clipped(self, logps: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """1 where TRL's clipping is active for the token (its ``clip_ratio/region_mean``)."""
         s = self.settings
-        ratio = torch.exp(logps - mb.behaviour_logps)
+        log_ratio = logps - mb.behaviour_logps
+        if s.importance_sampling_level == "sequence":  # GSPO clips the sequence's mean log-ratio
+            mask = mb.loss_mask
+            seq = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+            log_ratio = seq.expand_as(log_ratio)
+        ratio = torch.exp(log_ratio)
         adv = mb.advantages.unsqueeze(1)
         eps_high = s.epsilon_high if s.epsilon_high is not None else s.epsilon
         if s.loss_type in CLIPPED_LOSS_TYPES:

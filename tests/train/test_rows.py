@@ -102,3 +102,24 @@ def test_from_trajectory_row() -> None:
     )
     assert r.input_ids == [1, 2, 3] and r.behaviour_logprobs == [0.0, -0.1, -0.2]
     assert (r.advantage, r.attempt_id, r.policy_version, r.loss_weight) == (0.5, "x", 3, None)
+
+
+def test_from_the_trajectory_packages_row() -> None:
+    from fineenvs.trajectory.rows import Row
+
+    src = Row(
+        row_id="r0",
+        input_ids=[1, 2, 3, 4],
+        loss_mask=[0, 1, 0, 1],
+        logprobs=[0.0, -0.3, 0.0, -0.7],
+        turn_starts=[1, 3],
+        turn_ends=[2, 4],
+        node_ids=["n0", "n1"],
+        role="agent",
+        trainable=True,
+        prompt_len=1,
+        loss_weight=[0.0, 0.5, 0.0, 1.0],
+    )
+    r = TrainRow.from_row(src, advantage=-1.0, attempt_id="a", group_id="g", policy_version=2)
+    r.check()
+    assert r.weights() == [0.0, 0.5, 0.0, 1.0] and r.behaviour_logprobs == [0.0, -0.3, 0.0, -0.7]

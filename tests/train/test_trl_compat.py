@@ -86,10 +86,14 @@ def manual_loss(
     total = 0.0
     for r, lp, w in zip(rows, logps, weights, strict=True):
         a = r.advantage
+        trained = [t for t, m in enumerate(r.loss_mask) if m]
+        seq_log_rho = sum(lp[t] - r.behaviour_logprobs[t] for t in trained) / len(trained)
         for t, m in enumerate(r.loss_mask):
             if not m:
                 continue
             rho = math.exp(lp[t] - r.behaviour_logprobs[t])
+            if s.importance_sampling_level == "sequence":  # GSPO
+                rho = math.exp(seq_log_rho)
             if s.loss_type == "cispo":
                 per = -min(rho, eps_hi) * a * lp[t]
             elif s.loss_type == "sapo":
@@ -117,6 +121,7 @@ def qwen_dir(tiny_model_factory) -> Path:  # type: ignore[no-untyped-def]
         pytest.param("grpo", "per_attempt", marks=pytest.mark.slow),
         pytest.param("cispo", "per_token", marks=pytest.mark.slow),
         pytest.param("sapo", "per_row", marks=pytest.mark.slow),
+        pytest.param("dapo", "gspo", marks=pytest.mark.slow),  # importance_sampling_level="sequence"
     ],
 )
 def test_trl_loss_equals_formula_for_every_split(
@@ -124,12 +129,15 @@ def test_trl_loss_equals_formula_for_every_split(
 ) -> None:
     from fineenvs.train.batching import resolve_normalisation, token_weights
 
+    level = "sequence" if normalisation == "gspo" else "token"
+    normalisation = "per_token" if normalisation == "gspo" else normalisation
     s = GRPOTrainerSettings(
         loss_type=loss_type,
         normalisation=normalisation,
         epsilon=0.2,
         epsilon_high=0.28,
         max_completion_length=32,
+        importance_sampling_level=level,
     )
     trainer = CapturedGRPOTrainer(qwen_dir, s, tmp_path)
     rows = stale_rows(trainer)
