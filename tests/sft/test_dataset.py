@@ -147,3 +147,37 @@ def test_template_without_end_of_turn_token_is_refused() -> None:
         StudentRenderer(tok).render_turn(
             [{"role": "user", "content": "hi"}], None, {"role": "assistant", "content": "yo"}
         )
+
+
+def test_student_is_rendered_with_its_serving_template() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from fineenvs.config import to_run_config
+    from fineenvs.paths import REPO_ROOT
+    from fineenvs.sft import student_chat_template
+    from tests.sft.sessions import SYSTEM, TOOL_RESULT, TOOLS, TURN1, TURN2, USER
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        multi = to_run_config(
+            compose("config", overrides=["+experiment=sft_multi", "output_dir=/tmp/unused"])
+        )
+        tiny = to_run_config(
+            compose(
+                "config",
+                overrides=[
+                    "+experiment=sft_multi",
+                    "model=tiny_lfm2",
+                    "engine=transformers",
+                    "output_dir=/tmp/unused",
+                ],
+            )
+        )
+    assert student_chat_template(tiny) is None  # the tiny tokenizer's template is the one it is served with
+    # LFM2.5 under vLLM: the published closed-thinking generation prompt, so SFT prompts end as served.
+    template = student_chat_template(multi)
+    assert template is not None
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model("tiny_lfm2"))
+    renderer = StudentRenderer(tok, chat_template=template, template_kwargs=multi.model.chat_template_kwargs)
+    prompt, completion = renderer.render_turn([SYSTEM, USER, TURN1, TOOL_RESULT], TOOLS, TURN2)
+    assert tok.decode(prompt, skip_special_tokens=False).endswith("<|im_start|>assistant\n<think></think>")
+    assert tok.decode(completion, skip_special_tokens=False) == "The highest age is 64.<|im_end|>"
