@@ -169,3 +169,33 @@ def test_hook_against_a_running_engine(tmp_path: Path) -> None:
     if cell["graded"]:
         assert cell["prompt_tokens"] > 0 and attempts[0].model_calls >= 1
     assert (tmp_path / "eval" / "step-3" / "proxy.log").exists()
+
+
+def test_run_eval_orchestration_and_resume(
+    tmp_path: Path, tiny_qwen_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run_eval without engines: each checkpoint served once, results.json after each, the last
+    checkpoint's overall pass@1 returned, and a rerun serves nothing."""
+    run = _run(tmp_path, "eval.limit=2", f"eval.checkpoints=[base,{tiny_qwen_dir}]")
+    served: list[str] = []
+
+    async def fake_serve(run: RunConfig, ckpt_run: RunConfig, *, checkpoint: str, tasks: list[Any], records: Path,
+                         prior: list[Any], **_: Any) -> list[Any]:  # fmt: skip
+        served.append(checkpoint)
+        solver = Solver(solved={tasks[0].task_id} if ckpt_run is not run else set(), tools=4)
+        return await ev.run_cells(
+            solver, checkpoint=checkpoint, task_ids=[t.task_id for t in tasks], harnesses=list(run.harness),
+            prior=prior, infra_retries=1, concurrency=2, sink=lambda a: ev.append_attempt(records, a),
+        )  # fmt: skip
+
+    monkeypatch.setattr(ev, "_serve_and_evaluate", fake_serve)
+    monkeypatch.setattr(ev, "_check_harnesses", lambda run: None)
+    assert ev.run_eval(run) == 0.5
+    assert served == ["tiny_qwen", str(tiny_qwen_dir)]
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["overall"] == {"tiny_qwen": 0.0, str(tiny_qwen_dir): 0.5}
+    assert results["tasks"] == 2 and results["cells"]["tiny_qwen"]["mini_swe_agent"]["attempts"] == 2
+    assert "pass@1 on 2 test tasks" in capsys.readouterr().out
+    served.clear()
+    assert ev.run_eval(run) == 0.5 and served == []  # every cell graded: nothing served again
+    assert "already graded" in capsys.readouterr().out
