@@ -80,6 +80,7 @@ from fineenvs.train.trl_compat import (
     LOSS_TYPES,
     TRL_VERSION,
     TrlLoss,
+    add_fused_head,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -459,10 +460,9 @@ class CapturedGRPOTrainer:
 
     def _load_reference(self, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
-        from trl.trainer.utils import add_fused_lm_head
 
         ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
-        add_fused_lm_head(ref, temperature=self.settings.temperature)
+        add_fused_head(ref, self.settings.temperature)
         ref.requires_grad_(False)
         return ref.to(self.accelerator.device).eval()
 

@@ -108,6 +108,10 @@ def check_trl_internals() -> None:
 
     if trl.__version__ != TRL_VERSION:
         raise _moved(f"version differs from the pin (trl.__version__ = {trl.__version__!r})")
+    from trl.trainer import utils as trl_utils
+
+    if not callable(getattr(trl_utils, "add_fused_lm_head", None)):
+        raise _moved("trl.trainer.utils.add_fused_lm_head is missing")
     for name in ("_compute_loss", "_get_per_token_logps_and_entropies", "create_optimizer_and_scheduler"):
         if not callable(getattr(GRPOTrainer, name, None)):
             raise _moved(f"GRPOTrainer.{name} is missing")
@@ -168,6 +172,14 @@ def importance_gate(log_ratio: torch.Tensor, mode: str, clip: float) -> torch.Te
     if mode == "mask":
         return ((rho >= 1.0 / clip) & (rho <= clip)).to(log_ratio.dtype)
     raise ValueError(f"importance_sampling={mode!r} is not one of {IMPORTANCE_SAMPLING}")
+
+
+def add_fused_head(model: Any, temperature: float) -> None:
+    """TRL's fused log-prob head on a model TRL did not build (the KL reference), so that
+    ``TrlLoss.logps`` scores it exactly like the policy."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(model, temperature=temperature)
 
 
 @dataclass

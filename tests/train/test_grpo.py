@@ -96,7 +96,7 @@ def test_on_policy_ratio_is_one_at_step_zero(
     assert off["train/ratio_max"] - off["train/ratio_min"] > 0.05, off
 
 
-@pytest.mark.parametrize("normalisation", ["per_token", "per_attempt"])
+@pytest.mark.parametrize("normalisation", [pytest.param("per_token", marks=pytest.mark.slow), "per_attempt"])
 @pytest.mark.parametrize(
     "model",
     ["tiny_qwen", pytest.param("tiny_lfm2", marks=HYBRID), pytest.param("tiny_qwen3_5", marks=HYBRID)],
@@ -294,6 +294,7 @@ def test_load_checkpoint_refuses_a_plain_model_dir(qwen_dir: Path, tmp_path: Pat
         trainer.load_checkpoint(qwen_dir)
 
 
+@pytest.mark.slow
 def test_exported_weights_reload_into_the_engine_and_stay_on_policy(
     qwen_dir: Path, sampled_rows: SampleRows, tmp_path: Path
 ) -> None:
