@@ -20,6 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from fineenvs.engine.generation import Generator, SamplingParams
 from fineenvs.harnesses import check_installed
 from fineenvs.models import ensure_tiny_model
 from fineenvs.paths import REPO_ROOT
@@ -118,6 +119,11 @@ def test_collect_teacher_then_sft_gives_a_loadable_checkpoint(tmp_path: Path) ->
     base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model("tiny_qwen"), dtype=torch.float32).eval()
     # The student learned the teacher's turns: lower NLL on the supervised tokens than before.
     assert _supervised_nll(trained, rows) < _supervised_nll(base, rows)
+    # The embedded engine serves the checkpoint as a model.
+    served = Generator(checkpoint)
+    prompt = rows[0]["input_ids"][: rows[0]["prompt_tokens"]]
+    out = served.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=0, logprobs=True))
+    assert 1 <= len(out.token_ids) <= 8 and all(lp <= 0 for lp in out.logprobs)
 
 
 def _supervised_nll(model: torch.nn.Module, rows: list[dict[str, list[int]]]) -> float:
