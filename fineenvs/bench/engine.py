@@ -1,13 +1,14 @@
 """Benchmark of the embedded engine: generated tokens/s and requests/s at 1, 8 and 32 clients.
 
-``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--max-tokens 16] [--runs 3]``
+``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]``
 
 Each tiny model is served over real HTTP (uvicorn on 127.0.0.1). For every concurrency level,
 each run fires that many identical-length requests at once (``ignore_eos``, so every request
 generates exactly ``--max-tokens`` tokens) and times the batch; figures are medians over runs.
-The baseline, measured in the same process, is plain ``model.generate`` with the same token
-count and no server: the ratio shows what HTTP, the chat template, the manual sampling loop and
-the queue cost. Generation is serialised, so throughput should stay flat as clients increase.
+Two baselines are measured in the same process: plain ``model.generate`` with the same token
+count and no server (what HTTP, the chat template, the manual sampling loop and the queue
+cost), and the engine with ``max_batch_size=1`` (fully serial) at the same concurrency (what
+batching the waiting requests buys).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import httpx
 @dataclass
 class Figure:
     model: str
+    max_batch_size: int
     clients: int
     tokens_per_s: float
     requests_per_s: float
@@ -90,7 +92,7 @@ def _baseline(model_dir: Path, max_tokens: int, runs: int) -> float:
 
 
 def run(
-    models: list[str], concurrency: list[int], max_tokens: int, runs: int
+    models: list[str], batch_sizes: list[int], concurrency: list[int], max_tokens: int, runs: int
 ) -> list[tuple[str, float, list[Figure]]]:
     from fineenvs.engine.server import create_engine_app, serve_in_thread
     from fineenvs.models import ensure_tiny_model
@@ -99,15 +101,23 @@ def run(
     for name in models:
         model_dir = ensure_tiny_model(name)
         baseline = _baseline(model_dir, max_tokens, runs)
-        app = create_engine_app(model_dir, served_model_name=name, max_queue=max(64, max(concurrency) * 2))
         figures = []
-        with serve_in_thread(app) as url:
-            asyncio.run(_batch(url, name, 1, max_tokens))  # warm-up
-            for clients in concurrency:
-                samples = [asyncio.run(_batch(url, name, clients, max_tokens)) for _ in range(runs)]
-                elapsed = statistics.median(s[0] for s in samples)
-                tokens = statistics.median(s[1] for s in samples)
-                figures.append(Figure(name, clients, tokens / elapsed, clients / elapsed, elapsed))
+        for batch_size in batch_sizes:
+            app = create_engine_app(
+                model_dir,
+                served_model_name=name,
+                max_queue=max(64, 2 * max(concurrency)),
+                max_batch_size=batch_size,
+            )
+            with serve_in_thread(app) as url:
+                asyncio.run(_batch(url, name, 1, max_tokens))  # warm-up
+                for clients in concurrency:
+                    samples = [asyncio.run(_batch(url, name, clients, max_tokens)) for _ in range(runs)]
+                    elapsed = statistics.median(s[0] for s in samples)
+                    tokens = statistics.median(s[1] for s in samples)
+                    figures.append(
+                        Figure(name, batch_size, clients, tokens / elapsed, clients / elapsed, elapsed)
+                    )
         results.append((name, baseline, figures))
     return results
 
@@ -115,6 +125,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fineenvs.bench.engine", description=__doc__)
     parser.add_argument("--models", default="tiny_qwen,tiny_lfm2,tiny_qwen3_5")
+    parser.add_argument("--batch-sizes", default="1,8", help="engine max_batch_size values (1 = serial)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
@@ -126,20 +137,26 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
     start = time.perf_counter()
-    results = run(models, concurrency, args.max_tokens, args.runs)
+    results = run(models, batch_sizes, concurrency, args.max_tokens, args.runs)
     print(
         f"embedded engine, {args.max_tokens} tokens per request, median of {args.runs} runs "
         f"(CPU, float32, {args.threads} torch thread(s))"
     )
-    print(f"{'model':<14}{'clients':>8}{'tok/s':>10}{'req/s':>9}{'batch s':>9}{'vs generate':>13}")
+    header = f"{'model':<14}{'batch':>6}{'clients':>8}{'tok/s':>9}{'req/s':>8}{'wall s':>8}{'vs generate':>12}{'vs serial':>10}"
+    print(header)
     for name, baseline, figures in results:
-        print(f"{name:<14}{'(HF generate, 1 request, no server)':>36}{baseline:>10.1f} tok/s")
+        print(f"{name:<14}{'HF generate, 1 request, no server:':>37}{baseline:>9.1f} tok/s")
+        serial = {f.clients: f.tokens_per_s for f in figures if f.max_batch_size == 1}
         for f in figures:
-            ratio = f.tokens_per_s / baseline
+            vs_serial = (
+                f"{f.tokens_per_s / serial[f.clients]:>9.2f}x" if f.clients in serial else f"{'-':>10}"
+            )
             print(
-                f"{f.model:<14}{f.clients:>8}{f.tokens_per_s:>10.1f}{f.requests_per_s:>9.2f}{f.latency_s:>9.2f}{ratio:>12.2f}x"
+                f"{f.model:<14}{f.max_batch_size:>6}{f.clients:>8}{f.tokens_per_s:>9.1f}{f.requests_per_s:>8.2f}"
+                f"{f.latency_s:>8.2f}{f.tokens_per_s / baseline:>11.2f}x{vs_serial}"
             )
     print(f"total {time.perf_counter() - start:.1f} s")
     return 0

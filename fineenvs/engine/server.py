@@ -5,11 +5,12 @@ Request and response shapes follow vLLM 0.33 started with ``--return-tokens-as-t
 ``prompt_token_ids`` at the top level, ``choices[0].token_ids``, logprob entries whose token is
 ``token_id:<id>``, vLLM's error body ``{"error": {"message", "type", "param", "code"}}``.
 
-Generation is serialised on one worker thread. Requests wait in a bounded queue (503 when
-full) and a weight update queues behind the requests already admitted, so it drains them and
-every completion is produced by exactly one weight version, reported as ``weight_version``.
-Batching would raise throughput, but padding corrupts the recurrent state of the hybrid
-(convolution and linear-attention) models, and the logprob contract must hold for them.
+One worker thread runs the model. Requests wait in a bounded queue (503 when full); the
+requests waiting when the worker frees up run together as one left-padded batch (up to
+``max_batch_size``, each row with its own sampling params and RNG). A weight update queues
+behind the requests already admitted, so it drains them, and every completion is produced by
+exactly one weight version, reported as ``weight_version``. Batches are formed per wave, not
+continuously: a request arriving mid-batch waits for the batch to finish.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,84 @@ def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+class _Worker:
+    """The one thread that runs the model: batches of generation jobs and weight swaps, FIFO.
+
+    Consecutive generation jobs at the head of the queue (up to ``max_batch_size``) run as one
+    batch; anything else (a weight swap) runs alone, after every job queued before it.
+    """
+
+    def __init__(self, generator: Generator, max_batch_size: int) -> None:
+        self.generator = generator
+        self.max_batch_size = max_batch_size
+        self._jobs: deque[tuple[str, Any, asyncio.Future[Any]]] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self.batch_sizes: list[int] = []  # of every generation batch run (diagnostics, tests)
+        self._thread = threading.Thread(target=self._loop, name="fineenvs-engine", daemon=True)
+        self._thread.start()
+
+    def _submit(self, kind: str, payload: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        with self._cv:
+            self._jobs.append((kind, payload, future))
+            self._cv.notify()
+        return future
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event
+    ) -> asyncio.Future[Any]:
+        return self._submit("generate", (prompt_ids, params, cancel))
+
+    def call(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
+        return self._submit("call", (fn, args))
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+
+    @staticmethod
+    def _resolve(future: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        future.get_loop().call_soon_threadsafe(settle)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                batch = [self._jobs.popleft()]
+                while (
+                    batch[0][0] == "generate"
+                    and self._jobs
+                    and self._jobs[0][0] == "generate"
+                    and len(batch) < self.max_batch_size
+                ):
+                    batch.append(self._jobs.popleft())
+            try:
+                if batch[0][0] == "generate":
+                    self.batch_sizes.append(len(batch))
+                    results = self.generator.generate_batch([payload for _, payload, _ in batch])
+                    for (_, _, future), result in zip(batch, results, strict=True):
+                        self._resolve(future, result)
+                else:
+                    fn, args = batch[0][1]
+                    self._resolve(batch[0][2], fn(*args))
+            except Exception as exc:  # reported to each waiting request; the worker lives on
+                for _, _, future in batch:
+                    self._resolve(future, exc=exc)
+
+
 class EngineState:
     def __init__(
         self,
@@ -193,6 +272,7 @@ class EngineState:
         max_model_len: int,
         tool_call_format: ToolCallFormat,
         enable_test_hooks: bool,
+        max_batch_size: int,
     ) -> None:
         self.generator = generator
         self.served_model_name = served_model_name
@@ -200,13 +280,10 @@ class EngineState:
         self.max_model_len = max_model_len
         self.tool_call_format = tool_call_format
         self.enable_test_hooks = enable_test_hooks
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fineenvs-engine")
+        self.worker = _Worker(generator, max_batch_size)
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
-
-    async def run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
 
 def _infer_tool_call_format(config: Any) -> ToolCallFormat:
@@ -338,7 +415,7 @@ async def chat_completions(request: Request) -> Response:
     cancel = threading.Event()
     watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
     try:
-        result: GenerationResult = await state.run(generator.generate, prompt_ids, params, cancel)
+        result: GenerationResult = await state.worker.generate(prompt_ids, params, cancel)
     except Exception as exc:  # a failing forward pass must not take the server down
         logger.exception("generation failed")
         return error(f"Generation failed: {type(exc).__name__}: {exc}", 500, "InternalServerError")
@@ -464,7 +541,7 @@ async def update_weights_from_path(request: Request) -> Response:
         return error(f"weight_version must be an integer, got {version!r}", param="weight_version")
     try:
         # Queued on the generation worker: runs after every request admitted before it.
-        loaded = await state.run(state.generator.load_weights, Path(path), version)
+        loaded = await state.worker.call(state.generator.load_weights, Path(path), version)
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as exc:
         return error(f"Cannot load weights from {path}: {exc}", param="path")
     state.weights_updated_at = time.time()
@@ -481,15 +558,18 @@ def create_engine_app(
     max_model_len: int | None = None,
     tool_call_format: ToolCallFormat | None = None,
     enable_test_hooks: bool = False,
+    max_batch_size: int = 8,
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
-    from the architecture). ``enable_test_hooks`` honours the request field
+    from the architecture). ``max_batch_size=1`` serialises generation completely. ``enable_test_hooks`` honours the request field
     ``forced_completion_prefix`` (tests only; never in production).
     """
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     generator = Generator(Path(model_dir), dtype=dtype, seed=seed)
     limit = max_model_len or generator.max_position_embeddings
     if limit > generator.max_position_embeddings:
@@ -505,12 +585,13 @@ def create_engine_app(
         max_model_len=limit,
         tool_call_format=fmt,
         enable_test_hooks=enable_test_hooks,
+        max_batch_size=max_batch_size,
     )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         yield
-        state.executor.shutdown(wait=False, cancel_futures=True)
+        state.worker.stop()
 
     app = Starlette(
         routes=[

@@ -282,6 +282,57 @@ def test_concurrent_requests_match_sequential_ones(tiny_lfm2_dir: Path) -> None:
             assert reply["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("name", ["tiny_qwen", "tiny_lfm2", "tiny_qwen3_5"])
+def test_batched_rows_keep_exact_logprobs(tiny_model_factory: Any, name: str) -> None:
+    model_dir = tiny_model_factory(name)
+    app = create_engine_app(model_dir, served_model_name="t", max_batch_size=4)
+    state = app.state.engine
+    prompts = ["hi", "count the rows of data.csv please " * 3, "x", "print the total of the amount column"]
+    with serve_in_thread(app) as url:
+        blocker = threading.Thread(target=lambda: _complete(url, max_tokens=120))
+        blocker.start()
+        while state.pending < 1:
+            time.sleep(0.002)
+        replies: dict[int, dict[str, Any]] = {}
+
+        def ask(i: int) -> None:  # rows differ in prompt, length, truncation and seed
+            replies[i] = _complete(url, **_body_of(prompts, i), seed=i).json()
+
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        blocker.join()
+        assert 4 in state.worker.batch_sizes  # the four waited together and ran as one batch
+        alone = {i: _complete(url, **_body_of(prompts, i), seed=i).json() for i in range(4)}
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for i, reply in replies.items():
+        choice = reply["choices"][0]
+        completion = choice["token_ids"]
+        assert len(completion) == 12 + 4 * i
+        assert completion == alone[i]["choices"][0]["token_ids"]  # same tokens as unbatched
+        with torch.no_grad():
+            ids = torch.tensor([reply["prompt_token_ids"] + completion])
+            logits = model(input_ids=ids).logits[0, len(reply["prompt_token_ids"]) - 1 : -1] / 0.7
+        if i % 2 == 0:
+            kth = logits.topk(30, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+        returned = torch.tensor([e["logprob"] for e in choice["logprobs"]["content"]])
+        assert float((expected - returned).abs().max()) <= 1e-4
+
+
+def _body_of(prompts: list[str], i: int) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": prompts[i]}],
+        "max_tokens": 12 + 4 * i,
+        "temperature": 0.7,
+        "top_k": 0 if i % 2 else 30,
+        "logprobs": True,
+    }
+
+
 def test_cli_rejects_unknown_model() -> None:
     with pytest.raises(SystemExit, match="neither a tiny model"):
         resolve_model("definitely/not-here")
