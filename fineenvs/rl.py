@@ -350,6 +350,22 @@ async def _run_rl(run: RunConfig) -> float:
                     state.save(ckpt / "rollout_state.json")
                     (ckpt / "COMPLETE").write_text("ok\n")
                     state.save(state_path)
+                    if stats.steps % t.eval_steps == 0:
+                        if stats.steps % t.weight_sync_interval != 0 and engine.weight_sync is not None:
+                            # The evaluation must see this checkpoint's weights, not the last pushed ones.
+                            weights = await asyncio.to_thread(trainer.export_weights, out / "weights")
+                            await asyncio.to_thread(engine.weight_sync.push, weights, trainer.policy_version)
+                        from fineenvs.eval import aevaluate_checkpoint
+
+                        await aevaluate_checkpoint(
+                            run,
+                            ckpt,
+                            stats.steps,
+                            engine_url=engine.url,
+                            proxy_url=proxy_url,
+                            served_model=engine.served_model_name,
+                            logger=logger,
+                        )
                 if stats.steps >= t.max_steps:
                     break
         finally:

@@ -53,6 +53,10 @@ def test_smoke_run_end_to_end(tmp_path: Path) -> None:
     assert abs(first["train/ratio"] - 1.0) <= 1e-4, first["train/ratio"]
     assert first["train/policy_version"] == 1.0
     assert (out / "checkpoints" / "step-2" / "COMPLETE").exists()
+    # The in-training evaluation hook ran at step 2 (trainer.eval_steps) on the held-out split.
+    results = json.loads((out / "eval" / "results.json").read_text())
+    assert "step-2" in results["pass_at_1"], results.keys()
+    assert any("eval/pass_at_1" in m for m in metrics)
     # Every recorded call carries the engine's token ids; weight versions advance across steps.
     records = list((out / "records").rglob("*.jsonl"))
     assert records, "the proxy recorded no calls"
