@@ -140,15 +140,18 @@ class ControlPlane:
         return json_response({"session_id": session.session_id, "closed": True, "purged": purge})
 
 
-def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
-    """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
-    from fineenvs.trajectory import CallNode, build_session, session_to_json
+def calls_to_nodes(calls: list[dict[str, Any]]) -> list[Any]:
+    """Recorded calls (``CallStore.read_session(...)["calls"]``) as trajectory nodes.
 
-    nodes = [
+    A call whose logprobs were missing or misaligned, or that has no prompt ids, is context only.
+    """
+    from fineenvs.trajectory import CallNode
+
+    return [
         CallNode(
             node_id=c["call_id"],
-            prompt_ids=c["prompt_ids"],
-            sampled_ids=c["sampled_ids"],
+            prompt_ids=list(c["prompt_ids"]),
+            sampled_ids=list(c["sampled_ids"]),
             logprobs=c.get("logprobs"),
             finish_reason=c.get("finish_reason"),
             has_tools=bool(c.get("has_tools")),
@@ -160,4 +163,10 @@ def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> d
         )
         for i, c in enumerate(calls)
     ]
-    return {"trajectory": session_to_json(build_session(nodes, metadata))}
+
+
+def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
+    """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
+    from fineenvs.trajectory import build_session, session_to_json
+
+    return {"trajectory": session_to_json(build_session(calls_to_nodes(calls), metadata))}

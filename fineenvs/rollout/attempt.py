@@ -19,6 +19,9 @@ from typing import Any
 
 import httpx
 
+__all__ = ["AttemptSettings", "ProxyAttemptRunner", "calls_to_nodes"]
+
+from fineenvs.proxy.control import calls_to_nodes
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 
@@ -171,25 +174,3 @@ class ProxyAttemptRunner:
             "sampled_tokens": float(m.sampled_tokens),
         }
         return session.training_rows(), metrics
-
-
-def calls_to_nodes(calls: list[dict[str, Any]]) -> list[Any]:
-    """The proxy's recorded calls (``GET /sessions/{id}/rollout``) as trajectory nodes."""
-    from fineenvs.trajectory import CallNode
-
-    return [
-        CallNode(
-            node_id=c["call_id"],
-            prompt_ids=list(c["prompt_ids"]),
-            sampled_ids=list(c["sampled_ids"]),
-            logprobs=c.get("logprobs"),
-            finish_reason=c.get("finish_reason"),
-            has_tools=bool(c.get("has_tools")),
-            arrival_index=int(c.get("index", i)),
-            weight_version=c.get("weight_version"),
-            harness_ids=dict(c.get("harness_ids") or {}),
-            metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
-            logprobs_aligned=bool(c.get("logprobs_aligned", True)),
-        )
-        for i, c in enumerate(calls)
-    ]
