@@ -33,6 +33,8 @@ embedded engine's ``POST /update_weights_from_path`` (or vLLM's reload); ``on_we
 called after every ``weight_sync_interval`` optimizer steps with the trainer, so the caller pushes
 (``fineenvs.engine.weights.WeightSync.push(trainer.state_dict(), trainer.policy_version)``).
 ``policy_version`` counts optimizer steps since the initial weights (plus ``initial_version``).
+Under several processes the callback runs on every process: call ``state_dict()`` on all of them
+(it gathers FSDP shards) and push from ``trainer.accelerator.is_main_process`` only.
 
 Checkpoints. ``save_checkpoint(dir)`` writes the model and tokenizer in Hugging Face layout (the
 engine reloads them), ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pt`` and
@@ -474,13 +476,14 @@ class CapturedGRPOTrainer:
         from fineenvs.engine.weights import save_safetensors
 
         path = Path(path)
-        state = self.state_dict()
-        if path.suffix == ".safetensors":
-            written = save_safetensors(state, path.parent)
-            if written != path:
-                written.replace(path)
-            return path
-        return save_safetensors(state, path)
+        target = path if path.suffix == ".safetensors" else path / "model.safetensors"
+        state = self.state_dict()  # a collective under FSDP: every process calls export_weights
+        if self.accelerator.is_main_process:
+            written = save_safetensors(state, target.parent)
+            if written != target:
+                written.replace(target)
+        self.accelerator.wait_for_everyone()
+        return target
 
     def save_checkpoint(self, directory: Path) -> Path:
         from fineenvs.train.checkpoint import save_checkpoint

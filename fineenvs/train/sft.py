@@ -386,6 +386,7 @@ def train_sft(
         seed=settings.seed,
         save_strategy="steps",
         save_steps=settings.save_steps,
+        save_total_limit=2,  # resumable without keeping every full-model + optimizer state
         logging_steps=1,
         report_to="none",
         dataset_num_proc=None,

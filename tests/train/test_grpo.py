@@ -313,6 +313,9 @@ def test_exported_weights_reload_into_the_engine_and_stay_on_policy(
     assert pushed == [1]
     path = trainer.export_weights(tmp_path / "push")
     assert path == tmp_path / "push" / "model.safetensors" and path.is_file()
+    single = trainer.export_weights(tmp_path / "flat" / "v1.safetensors")
+    assert single == tmp_path / "flat" / "v1.safetensors" and single.is_file()
+    assert not (tmp_path / "flat" / "model.safetensors").exists()
 
     gen = Generator(qwen_dir, dtype="float32")
     gen.load_weights(path, version=1)
