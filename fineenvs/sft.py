@@ -279,6 +279,19 @@ def teacher_summary(pairs: list[dict[str, Any]], kept: list[dict[str, Any]]) -> 
     }
 
 
+def pending_pairs(groups: Sequence[PlannedGroup], out: Path) -> list[PlannedGroup]:
+    """The pairs a (re)run in ``out`` still has to run: all but those settled in ``PAIRS_LOG``.
+
+    A pending pair starts over from its first attempt, so its old attempt directories are removed:
+    a work directory left by an interrupted attempt could hold a stale ``answer.txt``.
+    """
+    settled = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG) if p.get("settled", True)}
+    todo = [g for g in groups if g.group_id not in settled]
+    for g in todo:
+        shutil.rmtree(out / "attempts" / g.group_id, ignore_errors=True)
+    return todo
+
+
 def run_collect_teacher(run: RunConfig) -> float:
     return asyncio.run(_collect_teacher(run))
 
@@ -305,12 +318,9 @@ async def _collect_teacher(run: RunConfig) -> float:
         raise _aborted("harness CLIs missing:\n  " + "\n  ".join(problems))
     tasks = load_run_tasks(run)
     groups = teacher_pairs([task.task_id for task in tasks], list(run.harness), t.teacher_attempts_per_task)
-    done = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG) if p.get("settled", True)}
-    todo = [g for g in groups if g.group_id not in done]
     attempts_dir = out / "attempts"
-    for g in todo:
-        # An interrupted pair starts over: its old work directories could hold a stale answer.txt.
-        shutil.rmtree(attempts_dir / g.group_id, ignore_errors=True)
+    todo = pending_pairs(groups, out)
+    done = len(groups) - len(todo)
     store_dir = Path(run.proxy.store_dir) if run.proxy.store_dir else out / "records"
     reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     row_options = RowOptions(
@@ -323,7 +333,7 @@ async def _collect_teacher(run: RunConfig) -> float:
     started = time.monotonic()
     print(
         f"Teacher collection: {len(tasks)} tasks x {len(run.harness)} harnesses = {len(groups)} pairs "
-        f"({len(done)} already done), up to {t.teacher_attempts_per_task} attempts each",
+        f"({done} already settled), up to {t.teacher_attempts_per_task} attempts each",
         flush=True,
     )
     with ExitStack() as stack:

@@ -18,6 +18,7 @@ from fineenvs.sft import (
     _pair_record,
     collect_pairs,
     is_correct,
+    pending_pairs,
     teacher_pairs,
     write_teacher_manifest,
 )
@@ -189,3 +190,27 @@ def test_sft_job_needs_a_teacher_dir(tmp_path: Path) -> None:
     run.trainer.teacher_dir = str(tmp_path / "nowhere")
     with pytest.raises(RunAborted, match="collect_teacher"):
         run_sft(run)
+
+
+def test_rerun_skips_settled_pairs_and_clears_open_ones(tmp_path: Path) -> None:
+    groups = teacher_pairs(["a", "b", "c"], ["opencode"], 2)
+    settled_ok = PairResult(groups[0], [_outcome(groups[0], 0, 1.0)])
+    settled_wrong = PairResult(groups[1], [_outcome(groups[1], i, 0.0) for i in range(2)])
+    open_pair = PairResult(groups[2], [_outcome(groups[2], 0, None)])
+    with (tmp_path / PAIRS_LOG).open("w") as f:
+        for r in (settled_ok, settled_wrong, open_pair):
+            f.write(json.dumps(_pair_record(r, tmp_path / "attempts")) + "\n")
+    stale = tmp_path / "attempts" / groups[2].group_id / groups[2].attempt_ids[0] / "work"
+    stale.mkdir(parents=True)
+    (stale / "answer.txt").write_text("old answer\n")
+    kept_dir = tmp_path / "attempts" / groups[0].group_id
+    kept_dir.mkdir(parents=True)
+    assert [g.group_id for g in pending_pairs(groups, tmp_path)] == [groups[2].group_id]
+    assert not (tmp_path / "attempts" / groups[2].group_id).exists() and kept_dir.exists()
+    # The rerun's line for the open pair replaces its old one in the manifest's summary.
+    rerun = PairResult(groups[2], [_outcome(groups[2], 0, 0.0), _outcome(groups[2], 1, 1.0)])
+    with (tmp_path / PAIRS_LOG).open("a") as f:
+        f.write(json.dumps(_pair_record(rerun, tmp_path / "attempts")) + "\n")
+    summary = write_teacher_manifest(tmp_path, tmp_path / "records", "teacher")
+    assert summary["pairs_tried"] == 3 and summary["attempts"] == 5
+    assert pending_pairs(groups, tmp_path) == []
