@@ -101,7 +101,9 @@ class Proxy:
             self.proc.wait()
 
 
-def start_proxy(engine_url: str, served_model: str, store_dir: Path) -> Proxy:
+def start_proxy(
+    engine_url: str, served_model: str, store_dir: Path, extra_args: tuple[str, ...] = ()
+) -> Proxy:
     port = free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
     log = store_dir.parent / f"proxy-{port}.log"
@@ -110,7 +112,7 @@ def start_proxy(engine_url: str, served_model: str, store_dir: Path) -> Proxy:
             sys.executable, "-m", "fineenvs.proxy", "serve",
             "--engine-url", engine_url, "--served-model", served_model,
             "--port", str(port), "--store-dir", str(store_dir), "--admin-key", ADMIN_KEY,
-            "--no-fsync", "--log-level", "warning",
+            "--no-fsync", "--log-level", "warning", *extra_args,
         ]  # fmt: skip
     else:
         cmd = [

@@ -50,7 +50,8 @@ def scripted_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
 def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedEngine, Proxy]]:
     root = tmp_path_factory.mktemp("tiny")
     engine = start_embedded_engine(MODEL, root / "engine.log")
-    proxy = start_proxy(engine.url, MODEL, root / "store")
+    # Short replies: a random model otherwise samples thousands of tokens per call on the CPU.
+    proxy = start_proxy(engine.url, MODEL, root / "store", extra_args=("--max-output-tokens", "48"))
     yield engine, proxy
     proxy.stop()
     engine.stop()
@@ -156,7 +157,7 @@ def test_tiny_model_attempt_ends_cleanly(
     _require_installed(name)
     _engine, proxy = tiny_stack
     h = HARNESSES[name]
-    timeout = 150
+    timeout = 120
     result, rollout = _attempt(
         proxy,
         name,
