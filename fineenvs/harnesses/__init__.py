@@ -1,5 +1,9 @@
 """Real coding-agent CLIs, pinned, installed into the cache, run unmodified in a fresh HOME.
 
+The ten agents of the published system plus two more tool-calling agents (Cline CLI, gptme).
+Mistral Vibe and OpenHands need Python >= 3.12: their venvs are built with the machine's pyenv
+3.12 interpreter (``python_version``), the rest of the project stays on 3.11.
+
 ``HARNESSES`` maps a harness name to its adapter; ``check_installed`` is what the run entry
 point calls before a job starts; ``run_attempt`` (in :mod:`fineenvs.harnesses.sandbox`) runs one
 attempt in isolation.
@@ -41,14 +45,10 @@ HARNESSES: dict[str, Harness] = {
     )
 }
 
-# Old names of harnesses that were replaced by another agent (none at present).
-REPLACED: dict[str, str] = {}
-
 
 def get_harness(name: str) -> Harness:
     """The adapter for ``name`` (a clear error listing the known names otherwise)."""
     key = name.replace("-", "_")
-    key = REPLACED.get(key, key)
     if key not in HARNESSES:
         raise HarnessConfigError(f"unknown harness {name!r}; known harnesses: {', '.join(sorted(HARNESSES))}")
     return HARNESSES[key]
@@ -77,7 +77,6 @@ def check_installed(names: Iterable[str]) -> list[str]:
 __all__ = [
     "API_FORMATS",
     "HARNESSES",
-    "REPLACED",
     "Harness",
     "HarnessConfigError",
     "Outputs",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.harnesses import HARNESSES, REPLACED, Harness, HarnessConfigError, check_installed, get_harness
+from fineenvs.harnesses import HARNESSES, Harness, HarnessConfigError, check_installed, get_harness
 from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, API_FORMATS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES
 
 BASE = "http://127.0.0.1:18100/s/sessKEY123"
@@ -217,9 +217,8 @@ def test_hermes_custom_provider(fmt: str, mode: str, url: str, tmp_path: Path) -
     assert env["HERMES_HOME"] == str(home / ".hermes")
 
 
-def test_replaced_names_resolve_and_unknown_name_is_clear() -> None:
-    for old, new in REPLACED.items():
-        assert get_harness(old).name == new
+def test_hyphenated_names_resolve_and_unknown_name_is_clear() -> None:
+    assert get_harness("mistral-vibe").name == "mistral_vibe"
     with pytest.raises(HarnessConfigError, match="known harnesses"):
         get_harness("crush")
 
