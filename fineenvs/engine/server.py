@@ -216,6 +216,11 @@ class _Worker:
     def call(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
         return self._submit("call", (fn, args))
 
+    def queued(self) -> int:
+        """Jobs waiting for the worker (not counting the batch it is running)."""
+        with self._cv:
+            return len(self._jobs)
+
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
@@ -251,9 +256,12 @@ class _Worker:
             try:
                 if batch[0][0] == "generate":
                     self.batch_sizes.append(len(batch))
-                    results = self.generator.generate_batch([payload for _, payload, _ in batch])
-                    for (_, _, future), result in zip(batch, results, strict=True):
-                        self._resolve(future, result)
+                    futures = [future for _, _, future in batch]
+
+                    def answer(i: int, result: GenerationResult, futures: list[Any] = futures) -> None:
+                        self._resolve(futures[i], result)
+
+                    self.generator.generate_batch([payload for _, payload, _ in batch], on_finish=answer)
                 else:
                     fn, args = batch[0][1]
                     self._resolve(batch[0][2], fn(*args))

@@ -289,22 +289,24 @@ def test_batched_rows_keep_exact_logprobs(tiny_model_factory: Any, name: str) ->
     state = app.state.engine
     prompts = ["hi", "count the rows of data.csv please " * 3, "x", "print the total of the amount column"]
     with serve_in_thread(app) as url:
-        blocker = threading.Thread(target=lambda: _complete(url, max_tokens=120))
-        blocker.start()
-        while state.pending < 1:
-            time.sleep(0.002)
         replies: dict[int, dict[str, Any]] = {}
 
         def ask(i: int) -> None:  # rows differ in prompt, length, truncation and seed
             replies[i] = _complete(url, **_body_of(prompts, i), seed=i).json()
 
-        askers = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
-        for t in askers:
-            t.start()
-        for t in askers:
+        threads = [threading.Thread(target=lambda: _complete(url, max_tokens=2))]
+        with state.generator.lock:  # the worker takes the first request, then waits here
+            threads[0].start()
+            while state.pending < 1 or state.worker.queued():
+                time.sleep(0.002)
+            threads += [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+            for t in threads[1:]:
+                t.start()
+            while state.pending < 5:
+                time.sleep(0.002)
+        for t in threads:
             t.join()
-        blocker.join()
-        assert 4 in state.worker.batch_sizes  # the four waited together and ran as one batch
+        assert state.worker.batch_sizes == [1, 4]  # the four waited together and ran as one batch
         alone = {i: _complete(url, **_body_of(prompts, i), seed=i).json() for i in range(4)}
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     for i, reply in replies.items():
@@ -321,6 +323,29 @@ def test_batched_rows_keep_exact_logprobs(tiny_model_factory: Any, name: str) ->
         expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
         returned = torch.tensor([e["logprob"] for e in choice["logprobs"]["content"]])
         assert float((expected - returned).abs().max()) <= 1e-4
+
+
+def test_short_request_is_answered_before_its_batch_ends(tiny_qwen_dir: Path) -> None:
+    app = create_engine_app(tiny_qwen_dir, served_model_name="t", max_batch_size=4)
+    state = app.state.engine
+    with serve_in_thread(app) as url:
+        finished: dict[str, float] = {}
+
+        def timed(name: str, tokens: int) -> None:
+            assert _complete(url, max_tokens=tokens).status_code == 200
+            finished[name] = time.monotonic()
+
+        threads = []
+        with state.generator.lock:  # the worker takes the first request, then waits here
+            for name, tokens in (("first", 2), ("long", 400), ("short", 3)):
+                threads.append(threading.Thread(target=timed, args=(name, tokens)))
+                threads[-1].start()
+                while state.pending < len(threads) or (name == "first" and state.worker.queued()):
+                    time.sleep(0.002)
+        for t in threads:
+            t.join()
+        assert state.worker.batch_sizes == [1, 2]  # long and short decoded together
+        assert finished["short"] < finished["long"] - 1.0
 
 
 def _body_of(prompts: list[str], i: int) -> dict[str, Any]:
