@@ -184,7 +184,7 @@ def _discarded_calls(calls: list[dict[str, Any]]) -> set[str]:
     """Retries the agent abandoned, by the trajectory graph's rule (needs recorded prompt ids)."""
     if not calls or any(not c.get("prompt_ids") for c in calls):
         return set()
-    from fineenvs.rollout.attempt import calls_to_nodes
+    from fineenvs.proxy.control import calls_to_nodes
     from fineenvs.trajectory import TrajectoryGraph
 
     return TrajectoryGraph(calls_to_nodes(calls)).discarded()
