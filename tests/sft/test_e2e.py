@@ -126,6 +126,30 @@ def test_collect_teacher_then_sft_gives_a_loadable_checkpoint(tmp_path: Path) ->
     assert 1 <= len(out.token_ids) <= 8 and all(lp <= 0 for lp in out.logprobs)
 
 
+    # The multi-harness recipe on the LFM-family (short-convolution hybrid) student, its own harness
+    # mix (paper_mix, which includes the teacher's mini-swe-agent rollouts): re-rendered with the
+    # student's LFM2.5 template and trained.
+    multi = tmp_path / "sft_multi"
+    res = _run(
+        multi,
+        "+experiment=sft_multi",
+        "model=tiny_lfm2",
+        "engine=transformers",
+        "tasks=demo",
+        "tasks.subset=null",
+        f"trainer.teacher_dir={teacher}",
+        "trainer.dtype=float32",
+        "trainer.gradient_checkpointing=false",
+        "trainer.per_device_batch_size=2",
+        "trainer.gradient_accumulation_steps=1",
+        "trainer.num_train_epochs=1",
+        "trainer.max_length=8192",
+    )
+    lfm = json.loads((multi / "summary.json").read_text())
+    assert lfm["teacher_rollouts"] == 2 and lfm["examples"] == turns
+    assert (Path(lfm["checkpoint"]) / "COMPLETE").exists()
+
+
 def _supervised_nll(model: torch.nn.Module, rows: list[dict[str, list[int]]]) -> float:
     total, count = 0.0, 0
     for r in rows:
