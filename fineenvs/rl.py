@@ -131,6 +131,10 @@ def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
                 terms[k].append(v)
     for k, vs in terms.items():
         out[f"reward/{k}/mean"] = statistics.fmean(vs)
+    for key, name in (("proxy_ms", "latency_ms_mean"), ("upstream_s", "upstream_s_mean")):
+        values = [a.metrics[key] for a in all_attempts if key in a.metrics]
+        if values:
+            out[f"proxy/{name}"] = statistics.fmean(values)
     graded_all = [a.reward for a in all_attempts if a.reward is not None]
     if graded_all:
         out["reward/mean"] = statistics.fmean(graded_all)

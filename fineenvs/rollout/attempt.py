@@ -173,4 +173,11 @@ class ProxyAttemptRunner:
             "drift_breaks": float(len(m.drift_breaks)),
             "sampled_tokens": float(m.sampled_tokens),
         }
+        timings = [c.get("timings") or {} for c in calls]
+        proxy_s = [float(t["proxy_s"]) for t in timings if "proxy_s" in t]
+        upstream_s = [float(t["upstream_s"]) for t in timings if "upstream_s" in t]
+        if proxy_s:
+            metrics["proxy_ms"] = 1000.0 * sum(proxy_s) / len(proxy_s)
+        if upstream_s:
+            metrics["upstream_s"] = sum(upstream_s) / len(upstream_s)
         return session.training_rows(), metrics
