@@ -125,7 +125,6 @@ def test_collect_teacher_then_sft_gives_a_loadable_checkpoint(tmp_path: Path) ->
     out = served.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=0, logprobs=True))
     assert 1 <= len(out.token_ids) <= 8 and all(lp <= 0 for lp in out.logprobs)
 
-
     # The multi-harness recipe on the LFM-family (short-convolution hybrid) student, its own harness
     # mix (paper_mix, which includes the teacher's mini-swe-agent rollouts): re-rendered with the
     # student's LFM2.5 template and trained.
