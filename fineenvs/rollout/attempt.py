@@ -150,7 +150,9 @@ class ProxyAttemptRunner:
 
         return grade_workdir(task, workdir)
 
-    def _rows(self, calls: list[dict[str, Any]], outcome: AttemptOutcome) -> tuple[list[Any], dict[str, float]]:
+    def _rows(
+        self, calls: list[dict[str, Any]], outcome: AttemptOutcome
+    ) -> tuple[list[Any], dict[str, float]]:
         from fineenvs.trajectory import build_session
 
         nodes = calls_to_nodes(calls)
