@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -176,7 +177,8 @@ class Harness(ABC):
         return {
             "PATH": os.pathsep.join(seen),
             "HOME": str(home),
-            "USER": os.environ.get("USER", "agent") if _is_plain(os.environ.get("USER", "")) else "agent",
+            "USER": _user_name(),
+            "LOGNAME": _user_name(),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "TERM": "dumb",
@@ -209,8 +211,12 @@ class Harness(ABC):
         }
 
 
-def _is_plain(value: str) -> bool:
-    return bool(value) and value.replace("-", "").replace("_", "").isalnum()
+def _user_name() -> str:
+    """The account name from the password database (not the parent's $USER)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return "agent"
 
 
 def read_text(path: Path) -> str:
