@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
     serve.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting or running before 503")
+    serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     serve.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (1: serial)")
     serve.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     serve.add_argument(
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=args.max_model_len,
         tool_call_format=args.tool_call_parser,
         max_batch_size=args.max_batch_size,
+        device=args.device,
     )
     logging.getLogger("fineenvs.engine").info(
         "serving %s (%s) on http://%s:%d", name, model_dir, args.host, args.port

@@ -167,15 +167,19 @@ class _Row:
 class Generator:
     """A causal LM and its tokenizer, generating one request at a time (callers serialise)."""
 
-    def __init__(self, model_dir: Path, *, dtype: str = "float32", seed: int = 0) -> None:
+    def __init__(
+        self, model_dir: Path, *, dtype: str = "float32", seed: int = 0, device: str | None = None
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is not supported: choose one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
         self.dtype = dtype
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype]).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype])
+        self.model = model.to(self.device).eval()
         self.config = self.model.config
         self.eos_token_ids = self._eos_ids()
         self.weight_version = 0
@@ -250,13 +254,16 @@ class Generator:
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        if attention_mask is not None:
-            kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
-        out = self.model(input_ids=input_ids, **kwargs)
+        if attention_mask is not None and position_ids is not None:
+            kwargs.update(
+                attention_mask=attention_mask.to(self.device), position_ids=position_ids.to(self.device)
+            )
+        out = self.model(input_ids=input_ids.to(self.device), **kwargs)
         new_cache = out.get("cache", None)
         if new_cache is None:
             new_cache = out.get("past_key_values", None)
-        return out.logits[:, -1], new_cache
+        # Sampling runs on the CPU in float32: per-request CPU generators, exact processed logprobs.
+        return out.logits[:, -1].float().cpu(), new_cache
 
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None

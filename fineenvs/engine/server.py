@@ -524,6 +524,7 @@ def _weight_info(state: EngineState) -> dict[str, Any]:
         "loaded_from": gen.weights_path,
         "updated_at": state.weights_updated_at,
         "dtype": gen.dtype,
+        "device": str(gen.device),
         "pending_requests": state.pending,
     }
 
@@ -567,18 +568,20 @@ def create_engine_app(
     tool_call_format: ToolCallFormat | None = None,
     enable_test_hooks: bool = False,
     max_batch_size: int = 8,
+    device: str | None = None,
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
-    from the architecture). ``max_batch_size=1`` serialises generation completely. ``enable_test_hooks`` honours the request field
+    from the architecture). ``max_batch_size=1`` serialises generation completely. ``device``
+    defaults to CUDA when available, else the CPU. ``enable_test_hooks`` honours the request field
     ``forced_completion_prefix`` (tests only; never in production).
     """
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    generator = Generator(Path(model_dir), dtype=dtype, seed=seed)
+    generator = Generator(Path(model_dir), dtype=dtype, seed=seed, device=device)
     limit = max_model_len or generator.max_position_embeddings
     if limit > generator.max_position_embeddings:
         raise ValueError(
