@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
     serve.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting or running before 503")
-    serve.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    serve.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
     serve.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (1: serial)")
     serve.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     serve.add_argument(

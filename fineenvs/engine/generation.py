@@ -176,7 +176,8 @@ class Generator:
             raise ValueError(f"dtype={dtype!r} is not supported: choose one of {sorted(DTYPES)}")
         self.model_dir = Path(model_dir)
         self.dtype = dtype
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # CPU unless asked: on CUDA, TF32 convolutions alone move logprobs by ~1e-3.
+        self.device = torch.device(device or "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[dtype])
         self.model = model.to(self.device).eval()

@@ -574,7 +574,7 @@ def create_engine_app(
 
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
     from the architecture). ``max_batch_size=1`` serialises generation completely. ``device``
-    defaults to CUDA when available, else the CPU. ``enable_test_hooks`` honours the request field
+    defaults to the CPU (``"cuda"`` serves a single GPU). ``enable_test_hooks`` honours the request field
     ``forced_completion_prefix`` (tests only; never in production).
     """
     if max_queue < 1:
