@@ -574,8 +574,8 @@ def create_engine_app(
 
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
     from the architecture). ``max_batch_size=1`` serialises generation completely. ``device``
-    defaults to the CPU (``"cuda"`` serves a single GPU). ``enable_test_hooks`` honours the request field
-    ``forced_completion_prefix`` (tests only; never in production).
+    defaults to the CPU (``"cuda"`` serves a single GPU). ``enable_test_hooks`` honours the
+    request field ``forced_completion_prefix`` (tests only; never in production).
     """
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
