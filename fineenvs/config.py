@@ -318,6 +318,8 @@ class LoggerSpec:
     entity: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
+    name: str | None = None
+    """W&B run name; None: the experiment, plus the job's overrides in a multirun."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import statistics
+import sys
 import time
 from collections import defaultdict
 from contextlib import ExitStack
@@ -283,7 +284,7 @@ async def _run_rl(run: RunConfig) -> float:
         if resume is not None and sync is not WeightSyncKind.none and engine.weight_sync is not None:
             engine.weight_sync.push(trainer.export_weights(out / "weights"), trainer.policy_version)
         logger = stack.enter_context(
-            MetricLogger(run.logger, out, run_name=run.experiment or "rl", config=run)
+            MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
         runner = ProxyAttemptRunner(
             AttemptSettings(
@@ -315,6 +316,7 @@ async def _run_rl(run: RunConfig) -> float:
             stats=stats,
             state=state,
         )
+        display = ProgressDisplay(t.max_steps, started)
         try:
             async for group in scheduler.groups():
                 _write_attempts(out / "attempts.jsonl", group)
@@ -347,7 +349,7 @@ async def _run_rl(run: RunConfig) -> float:
                     }
                 )
                 logger.log(metrics, step=stats.steps)
-                _progress(stats, t.max_steps, started, metrics, scheduler.inflight)
+                display.update(stats, metrics, scheduler.inflight)
                 if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
                     ckpt = ckpt_root / f"step-{stats.steps}"
                     await asyncio.to_thread(trainer.save_checkpoint, ckpt)
@@ -373,6 +375,7 @@ async def _run_rl(run: RunConfig) -> float:
                 if stats.steps >= t.max_steps:
                     break
         finally:
+            display.close()
             state.save(state_path)
             await runner.aclose()
     return _summary(run, stats, out, started)
@@ -402,20 +405,46 @@ def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
     return rows
 
 
-def _progress(
-    stats: LoopStats, max_steps: int, started: float, metrics: dict[str, Any], inflight: int
-) -> None:
-    elapsed = time.monotonic() - started
-    eta = elapsed / max(stats.steps, 1) * max(max_steps - stats.steps, 0)
-    reward = metrics.get("reward/mean")
-    ratio = metrics.get("train/ratio")
-    print(
-        f"step {stats.steps}/{max_steps} | groups {stats.groups} | attempts {stats.attempts} "
-        f"({inflight} in flight) | "
-        f"reward {reward if reward is None else f'{reward:.3f}'} | ratio {ratio if ratio is None else f'{ratio:.5f}'} | "
-        f"elapsed {elapsed:.0f}s | eta {eta:.0f}s",
-        flush=True,
-    )
+class ProgressDisplay:
+    """Live terminal progress (rich) on a TTY: step, groups in flight, reward, ratio, ETA; one plain
+    line per step otherwise (logs, CI)."""
+
+    def __init__(self, max_steps: int, started: float) -> None:
+        self.max_steps = max_steps
+        self.started = started
+        self._progress: Any = None
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+            )
+            self._task = self._progress.add_task("rl", total=max_steps, info="starting agents")
+            self._progress.start()
+
+    def update(self, stats: LoopStats, metrics: dict[str, Any], inflight: int) -> None:
+        reward, ratio = metrics.get("reward/mean"), metrics.get("train/ratio")
+        info = (
+            f"groups {stats.groups} | attempts {stats.attempts} ({inflight} in flight) | "
+            f"reward {'-' if reward is None else f'{reward:.3f}'} | ratio {'-' if ratio is None else f'{ratio:.5f}'}"
+        )
+        if self._progress is not None:
+            self._progress.update(self._task, completed=stats.steps, info=info)
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / max(stats.steps, 1) * max(self.max_steps - stats.steps, 0)
+        print(
+            f"step {stats.steps}/{self.max_steps} | {info} | elapsed {elapsed:.0f}s | eta {eta:.0f}s",
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> float:

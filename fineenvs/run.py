@@ -30,6 +30,18 @@ def _output_dir(run: RunConfig) -> Path:
         return Path("outputs") / "adhoc"
 
 
+def _run_name(run: RunConfig) -> str:
+    """The experiment, plus the job's own overrides in a multirun (one W&B run per sweep job)."""
+    base = run.experiment or run.job.value
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return base
+    if hc.mode is not None and hc.mode.name == "MULTIRUN" and hc.job.override_dirname:
+        return f"{base}:{hc.job.override_dirname}"
+    return base
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> float | None:
     try:
@@ -38,6 +50,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
         print(f"fineenvs: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     run.output_dir = str(_output_dir(run))
+    if run.logger.name is None:
+        run.logger.name = _run_name(run)
     # One line per HTTP call from the control-plane client would drown the progress lines.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
