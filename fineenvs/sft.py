@@ -528,7 +528,9 @@ def run_sft(run: RunConfig) -> float | None:
         seed=run.seed,
     )
     losses: list[float] = []
-    with MetricLogger(run.logger, out, run_name=run.experiment or "sft", config=run) as logger:
+    with MetricLogger(
+        run.logger, out, run_name=run.logger.name or run.experiment or "sft", config=run
+    ) as logger:
 
         def on_log(metrics: dict[str, float], step: int) -> None:
             if "train/loss" in metrics:

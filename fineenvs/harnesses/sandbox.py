@@ -150,6 +150,19 @@ def kill_attempt(pgid: int, marker: str, *, grace: float = KILL_GRACE_SECONDS) -
     return sorted({p for p in _pids_in_group(pgid) + _pids_with_marker(marker) if _alive(p)})
 
 
+def _keep_under_tmp() -> list[str]:
+    """Read-only binds for what the agent needs that lives under /tmp (a checkout, its venv, the
+    harness cache), which the private /tmp would otherwise hide."""
+    from fineenvs.paths import REPO_ROOT, harness_cache
+
+    needed = {Path(sys.prefix), Path(sys.base_prefix), harness_cache(), REPO_ROOT}
+    args: list[str] = []
+    for path in sorted(p.resolve() for p in needed):
+        if path.is_relative_to("/tmp") and path != Path("/tmp"):
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
 def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
     from fineenvs.harnesses.netbridge import UnixToTcp
 
@@ -168,6 +181,7 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
         "--dev", "/dev",
         "--proc", "/proc",
         "--tmpfs", "/tmp",
+        *_keep_under_tmp(),
         "--bind", str(attempt_dir), str(attempt_dir),
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
