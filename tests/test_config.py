@@ -249,3 +249,15 @@ def test_cli_multirun_two_jobs(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("fineenvs plan:") == 2
     assert "Launching 2 jobs" in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", ALL_HARNESSES)
+def test_harness_config_matches_the_adapter_pins(name: str) -> None:
+    """conf/harness/<name>.yaml and fineenvs/harnesses/<name>.py name the same package, version and formats."""
+    from fineenvs.harnesses import HARNESSES
+
+    run = load(f"harness={name}")
+    spec, adapter = run.harness[name], HARNESSES[name]
+    assert (spec.package, spec.version) == (adapter.package, adapter.version)
+    assert [f.value for f in spec.api_formats] == list(adapter.formats)
+    assert spec.api_format.value == adapter.default_format
