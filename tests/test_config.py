@@ -259,5 +259,5 @@ def test_harness_config_matches_the_adapter_pins(name: str) -> None:
     run = load(f"harness={name}")
     spec, adapter = run.harness[name], HARNESSES[name]
     assert (spec.package, spec.version) == (adapter.package, adapter.version)
-    assert [f.value for f in spec.api_formats] == list(adapter.formats)
+    assert [f.value for f in spec.api_formats] == list(adapter.api_formats)
     assert spec.api_format.value == adapter.default_format
