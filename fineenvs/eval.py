@@ -536,18 +536,8 @@ def _runner(
     from fineenvs.trajectory import RowOptions
 
     spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
-    s = run.scheduler
     return EvalAttemptRunner(
-        AttemptSettings(
-            proxy_url=proxy_url,
-            admin_key=run.proxy.admin_key,
-            served_model=served,
-            attempts_dir=attempts_dir,
-            timeout_seconds=s.attempt_timeout_seconds,
-            max_model_calls=s.max_model_calls,
-            api_formats={n: h.api_format.value for n, h in run.harness.items()},
-            step_limits={n: h.step_limit for n, h in run.harness.items()},
-        ),
+        AttemptSettings.from_run(run, proxy_url=proxy_url, served_model=served, attempts_dir=attempts_dir),
         tasks={t.task_id: t for t in tasks},
         reward_fn=lambda c, n, v: compute_reward(c, n, v, spec),
         row_options=RowOptions(),

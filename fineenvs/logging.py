@@ -85,3 +85,11 @@ class MetricLogger:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_summary(out: Path, title: str, summary: dict[str, Any]) -> None:
+    """``summary.json`` in the run directory, and the same lines on stdout."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\n{title}")
+    for key, value in summary.items():
+        print(f"  {key}: {value}")

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import GRPOSpec, RunConfig, SandboxKind, WeightSyncKind
-from fineenvs.logging import MetricLogger, metric_key
+from fineenvs.config import GRPOSpec, RunConfig, WeightSyncKind
+from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
@@ -287,16 +287,8 @@ async def _run_rl(run: RunConfig) -> float:
             MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
         runner = ProxyAttemptRunner(
-            AttemptSettings(
-                proxy_url=proxy_url,
-                admin_key=run.proxy.admin_key,
-                served_model=engine.served_model_name,
-                attempts_dir=out / "attempts",
-                timeout_seconds=s.attempt_timeout_seconds,
-                max_model_calls=s.max_model_calls,
-                api_formats={n: h.api_format.value for n, h in run.harness.items()},
-                step_limits={n: h.step_limit for n, h in run.harness.items()},
-                use_bwrap=s.sandbox is SandboxKind.bwrap,
+            AttemptSettings.from_run(
+                run, proxy_url=proxy_url, served_model=engine.served_model_name, attempts_dir=out / "attempts"
             ),
             tasks=task_map,
             reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
@@ -464,8 +456,5 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "seconds": round(time.monotonic() - started, 1),
         "output_dir": str(out),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\nfineenvs run summary")
-    for k, v in summary.items():
-        print(f"  {k}: {v}")
+    write_summary(out, "fineenvs run summary", summary)
     return mean_reward

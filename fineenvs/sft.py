@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
+from fineenvs.logging import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 from fineenvs.stack import load_run_tasks, resolve_model_dir, start_engine, start_proxy
@@ -348,15 +349,8 @@ async def _collect_teacher(run: RunConfig) -> float:
         proxy_url = start_proxy(run, engine, out, stack)
         print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
         runner = ProxyAttemptRunner(
-            AttemptSettings(
-                proxy_url=proxy_url,
-                admin_key=run.proxy.admin_key,
-                served_model=engine.served_model_name,
-                attempts_dir=attempts_dir,
-                timeout_seconds=s.attempt_timeout_seconds,
-                max_model_calls=s.max_model_calls,
-                api_formats={n: h.api_format.value for n, h in run.harness.items()},
-                step_limits={n: h.step_limit for n, h in run.harness.items()},
+            AttemptSettings.from_run(
+                run, proxy_url=proxy_url, served_model=engine.served_model_name, attempts_dir=attempts_dir
             ),
             tasks={task.task_id: task for task in tasks},
             reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
@@ -392,10 +386,7 @@ async def _collect_teacher(run: RunConfig) -> float:
     summary = write_teacher_manifest(out, store_dir, run.model.path)
     summary["seconds"] = round(time.monotonic() - started, 1)
     summary["output_dir"] = str(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\nfineenvs teacher collection summary")
-    for k, v in summary.items():
-        print(f"  {k}: {v}")
+    write_summary(out, "fineenvs teacher collection summary", summary)
     return summary["kept_rollouts"] / summary["pairs_tried"] if summary["pairs_tried"] else 0.0
 
 
@@ -553,8 +544,5 @@ def run_sft(run: RunConfig) -> float | None:
         "seconds": round(time.monotonic() - started, 1),
         "output_dir": str(out),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\nfineenvs SFT summary")
-    for k, v in summary.items():
-        print(f"  {k}: {v}")
+    write_summary(out, "fineenvs SFT summary", summary)
     return None

@@ -55,19 +55,8 @@ def chain(n_turns: int, *, start: int = 0, system: list[int] | None = None) -> l
 
 
 def proxy_calls_to_nodes(calls: list[dict[str, Any]]) -> list[CallNode]:
-    """The proxy's recorded calls (``GET /sessions/{id}/rollout`` -> ``calls``) as graph nodes."""
-    return [
-        CallNode(
-            node_id=c["call_id"],
-            prompt_ids=list(c["prompt_ids"]),
-            sampled_ids=list(c["sampled_ids"]),
-            logprobs=c.get("logprobs"),
-            finish_reason=c.get("finish_reason"),
-            has_tools=bool(c.get("has_tools")),
-            arrival_index=int(c.get("index", i)),
-            weight_version=c.get("weight_version"),
-            harness_ids=dict(c.get("harness_ids") or {}),
-            logprobs_aligned=bool(c.get("logprobs_aligned", True)),
-        )
-        for i, c in enumerate(calls)
-    ]
+    """The proxy's recorded calls (``GET /sessions/{id}/rollout`` -> ``calls``) as graph nodes:
+    the conversion the proxy and the attempt runner use."""
+    from fineenvs.proxy.control import calls_to_nodes
+
+    return calls_to_nodes(calls)
