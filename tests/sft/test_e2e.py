@@ -125,6 +125,25 @@ def test_collect_teacher_then_sft_gives_a_loadable_checkpoint(tmp_path: Path) ->
     out = served.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=0, logprobs=True))
     assert 1 <= len(out.token_ids) <= 8 and all(lp <= 0 for lp in out.logprobs)
 
+    # Teacher collection -> SFT -> evaluation: the SFT checkpoint evaluated by the eval job.
+    evaluated = tmp_path / "eval"
+    _run(
+        evaluated,
+        "+experiment=eval",
+        "model=tiny_qwen",
+        "engine=transformers",
+        "harness=mini_swe_agent",
+        "tasks=demo",
+        f"eval.checkpoints=[{checkpoint}]",
+        "eval.limit=1",
+        "scheduler.max_model_calls=3",
+        "scheduler.attempt_timeout_seconds=120",
+        "sampling.max_tokens=32",
+    )
+    results = json.loads((evaluated / "eval" / "results.json").read_text())
+    (row,) = results["pass_at_1"].values()
+    assert set(row) == {"mini_swe_agent"} and 0.0 <= row["mini_swe_agent"] <= 1.0
+
     # The multi-harness recipe on the LFM-family (short-convolution hybrid) student, its own harness
     # mix (paper_mix, which includes the teacher's mini-swe-agent rollouts): re-rendered with the
     # student's LFM2.5 template and trained.
