@@ -51,6 +51,7 @@ from fineenvs.logging import MetricLogger, metric_key
 from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.stack import reward_function
 
 log = logging.getLogger("fineenvs.eval")
 
@@ -532,14 +533,12 @@ def _slug(checkpoint: str) -> str:
 def _runner(
     run: RunConfig, proxy_url: str, served: str, attempts_dir: Path, tasks: list[Any]
 ) -> EvalAttemptRunner:
-    from fineenvs.rewards import build_reward_spec, compute_reward
     from fineenvs.trajectory import RowOptions
 
-    spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     return EvalAttemptRunner(
         AttemptSettings.from_run(run, proxy_url=proxy_url, served_model=served, attempts_dir=attempts_dir),
         tasks={t.task_id: t for t in tasks},
-        reward_fn=lambda c, n, v: compute_reward(c, n, v, spec),
+        reward_fn=reward_function(run),
         row_options=RowOptions(),
     )
 

@@ -33,7 +33,7 @@ from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
-from fineenvs.stack import load_run_tasks, resolve_model_dir, start_engine, start_proxy
+from fineenvs.stack import load_run_tasks, resolve_model_dir, reward_function, start_engine, start_proxy
 
 log = logging.getLogger("fineenvs.rl")
 
@@ -218,7 +218,6 @@ def run_rl(run: RunConfig) -> float:
 async def _run_rl(run: RunConfig) -> float:
     from fineenvs.engine import probe_engine, require_training_grade
     from fineenvs.harnesses import check_installed
-    from fineenvs.rewards import build_reward_spec, compute_reward
     from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
     from fineenvs.train.grpo import CapturedGRPOTrainer
     from fineenvs.trajectory import RowOptions
@@ -251,7 +250,6 @@ async def _run_rl(run: RunConfig) -> float:
     # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
     # trained after the last checkpoint were lost with those updates and may run again.
     state = RolloutState.load_or_new(resume / "rollout_state.json" if resume else state_path, digest)
-    reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     rows_cfg = run.rows
     row_options = RowOptions(
         max_tokens=t.token_budget,
@@ -291,7 +289,7 @@ async def _run_rl(run: RunConfig) -> float:
                 run, proxy_url=proxy_url, served_model=engine.served_model_name, attempts_dir=out / "attempts"
             ),
             tasks=task_map,
-            reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
+            reward_fn=reward_function(run),
             row_options=row_options,
         )
         scheduler = RolloutScheduler(

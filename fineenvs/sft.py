@@ -36,7 +36,7 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
 from fineenvs.logging import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
-from fineenvs.stack import load_run_tasks, resolve_model_dir, start_engine, start_proxy
+from fineenvs.stack import load_run_tasks, resolve_model_dir, reward_function, start_engine, start_proxy
 
 TEACHER_MANIFEST = "teacher_manifest.json"
 PAIRS_LOG = "teacher_pairs.jsonl"
@@ -300,7 +300,6 @@ def run_collect_teacher(run: RunConfig) -> float:
 async def _collect_teacher(run: RunConfig) -> float:
     from fineenvs.engine import probe_engine
     from fineenvs.harnesses import check_installed
-    from fineenvs.rewards import build_reward_spec, compute_reward
     from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
     from fineenvs.trajectory import RowOptions
 
@@ -323,7 +322,6 @@ async def _collect_teacher(run: RunConfig) -> float:
     todo = pending_pairs(groups, out)
     done = len(groups) - len(todo)
     store_dir = Path(run.proxy.store_dir) if run.proxy.store_dir else out / "records"
-    reward_spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     row_options = RowOptions(
         max_tokens=t.max_length,
         overlong=run.rows.overlong.value,
@@ -353,7 +351,7 @@ async def _collect_teacher(run: RunConfig) -> float:
                 run, proxy_url=proxy_url, served_model=engine.served_model_name, attempts_dir=attempts_dir
             ),
             tasks={task.task_id: task for task in tasks},
-            reward_fn=lambda c, n, v: compute_reward(c, n, v, reward_spec),
+            reward_fn=reward_function(run),
             row_options=row_options,
         )
         finished = [0]

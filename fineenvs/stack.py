@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -53,14 +54,19 @@ def start_engine(
     if e.url:
         return attach(e.url)
     if e.kind is EngineKind.transformers:
+        # The directory the trainer loads (a tiny model is built for model.seed), so engine and
+        # trainer always hold the same weights.
         launch = launch_transformers_engine(
-            str(model_dir) if run.model.source is not ModelSource.tiny else run.model.path,
+            str(model_dir),
             log_dir=out / "engine",
             host=e.host,
             port=e.port,
             served_model_name=served_model_name or run.model.name,
             seed=run.seed,
             dtype=e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype),
+            max_queue=e.max_queue,
+            max_model_len=e.max_model_len or run.model.max_model_len,
+            tool_call_parser=run.model.tool_call_parser,
             timeout_s=e.health_timeout_seconds,
         )
         return stack.enter_context(launch)
@@ -102,3 +108,19 @@ def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str
         )
     )
     return url
+
+
+def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool], Any]:
+    """``(correct, tool_calls, verified) -> RewardResult`` for the run's validated reward config.
+
+    ``reward.require_verified_tool_count=false`` trusts any tool count (the proxy's count of the
+    tool calls the model emitted, when the agent keeps no log of its own)."""
+    from fineenvs.rewards import build_reward_spec, compute_reward
+
+    spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
+    trust_any = not run.reward.require_verified_tool_count
+
+    def reward(correct: float | None, tool_calls: int | None, verified: bool) -> Any:
+        return compute_reward(correct, tool_calls, verified or (trust_any and tool_calls is not None), spec)
+
+    return reward
