@@ -216,7 +216,6 @@ class TasksSpec:
     limit: int | None = None
     difficulties: list[str] = field(default_factory=list)
     seed: int = 0
-    eval_split: str = "test"
 
 
 @dataclass

@@ -69,6 +69,7 @@ def trainer_settings(run: RunConfig) -> Any:
         gradient_checkpointing=t.gradient_checkpointing,
         seed=run.seed,
         token_budget=t.token_budget,
+        max_completion_length=t.max_completion_length,
     )
 
 

@@ -36,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--temperature", type=float, default=0.8, help="sampling temperature enforced upstream"
     )
+    serve.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="enforced top_p (training needs 1.0: full-distribution sampling)",
+    )
+    serve.add_argument("--top-k", type=int, default=-1, help="enforced top_k (-1: off)")
+    serve.add_argument("--min-p", type=float, default=0.0, help="enforced min_p")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     serve.add_argument("--keepalive-seconds", type=float, default=5.0)
     serve.add_argument("--body-timeout-seconds", type=float, default=60.0, help="408 after this long")
@@ -58,7 +66,9 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         store_dir=args.store_dir,
         max_model_calls=args.max_model_calls,
         max_output_tokens=args.max_output_tokens,
-        sampling=SamplingPolicy(temperature=args.temperature),
+        sampling=SamplingPolicy(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p
+        ),
         max_body_bytes=args.max_body_bytes,
         keepalive_seconds=args.keepalive_seconds,
         body_timeout_s=args.body_timeout_seconds,
