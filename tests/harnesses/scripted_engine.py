@@ -153,27 +153,54 @@ class Tokenizer:
         self.tok = AutoTokenizer.from_pretrained(str(path))
         self.lock = threading.Lock()
 
+    def _text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool
+    ) -> str:
+        # As the embedded engine (and vLLM) render: arguments decoded, the model's real template.
+        from fineenvs.engine.server import _prepare_messages
+
+        text = self.tok.apply_chat_template(
+            _prepare_messages(messages), tools=tools or None, add_generation_prompt=generation, tokenize=False
+        )
+        return str(text)
+
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         with self.lock:
             try:
-                ids = self.tok.apply_chat_template(
-                    messages, tools=tools or None, add_generation_prompt=True, tokenize=True
-                )
-                if isinstance(ids, dict):
-                    ids = ids["input_ids"]
-                return [int(i) for i in ids]
+                text = self._text(messages, tools, True)
             except Exception:  # noqa: BLE001 - odd message shapes: tokenize the JSON instead
-                return [int(i) for i in self.tok.encode(json.dumps(messages, default=str))]
+                text = json.dumps(messages, default=str)
+            return [int(i) for i in self.tok.encode(text, add_special_tokens=False)]
 
-    def completion_ids(self, message: dict[str, Any]) -> list[int]:
-        text = message.get("content") or ""
-        for call in message.get("tool_calls") or []:
-            fn = call["function"]
-            text += f"\n<tool_call>\n{json.dumps({'name': fn['name'], 'arguments': json.loads(fn['arguments'])})}\n</tool_call>"
+    def completion_ids(
+        self,
+        message: dict[str, Any],
+        messages: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """What a model trained on this template samples for ``message``: the assistant turn as the
+        template renders it, through the end-of-turn token. An agent that sends the turn back
+        unchanged then gets a next prompt that extends prompt + sampled exactly (a chain)."""
         eos = self.tok.eos_token_id
+        end = self.tok.decode([eos]) if eos is not None else None
         with self.lock:
-            ids = [int(i) for i in self.tok.encode(text, add_special_tokens=False)]
-        return ids + ([int(eos)] if eos is not None else [])
+            try:
+                before = self._text(messages or [], tools, True)
+                after = self._text([*(messages or []), {"role": "assistant", **message}], tools, False)
+                if not after.startswith(before) or not end or end not in after[len(before) :]:
+                    raise ValueError("template does not append the turn")
+                turn = after[len(before) : after.index(end, len(before))]
+                return [int(i) for i in self.tok.encode(turn, add_special_tokens=False)] + [int(eos)]
+            except Exception:  # noqa: BLE001 - fall back to a plain rendering of the reply
+                text = message.get("content") or ""
+                for call in message.get("tool_calls") or []:
+                    fn = call["function"]
+                    args = json.loads(fn["arguments"])
+                    text += (
+                        f"\n<tool_call>\n{json.dumps({'name': fn['name'], 'arguments': args})}\n</tool_call>"
+                    )
+                ids = [int(i) for i in self.tok.encode(text, add_special_tokens=False)]
+                return ids + ([int(eos)] if eos is not None else [])
 
 
 class ScriptedEngine:
@@ -236,7 +263,7 @@ class ScriptedEngine:
         self.requests.append(body)
         message = decide(body)
         prompt = self.tokenizer.prompt_ids(body.get("messages") or [], body.get("tools"))
-        sampled = self.tokenizer.completion_ids(message)
+        sampled = self.tokenizer.completion_ids(message, body.get("messages") or [], body.get("tools"))
         self.replies.add((tuple(prompt), tuple(sampled)))
         logprobs = [
             {"token": f"token_id:{t}", "logprob": scripted_logprob(t), "bytes": None, "top_logprobs": []}
