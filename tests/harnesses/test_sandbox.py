@@ -7,6 +7,7 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,10 @@ def test_env_from_scratch_inputs_copied_and_outputs_kept(
 def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
     # A foreground sleeper, a background one in the same group, and one that left the group
     # with setsid: all three must be gone after the timeout.
-    script = "sleep 300 & setsid sleep 301 & echo started; sleep 302"
+    # Durations unique to this run, so other processes on the machine cannot match them.
+    tag = uuid.uuid4().int % 10**6
+    sleeps = [f"{n}.{tag:06d}" for n in (300, 301, 302)]
+    script = f"sleep {sleeps[0]} & setsid sleep {sleeps[1]} & echo started; sleep {sleeps[2]}"
     started = time.monotonic()
     result = _run(tmp_path, script, timeout_seconds=1.5)
     elapsed = time.monotonic() - started
@@ -132,7 +136,7 @@ def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
             cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        assert not any(f"sleep {n}" in cmd for n in (300, 301, 302)), f"left running: {pid_dir.name} {cmd}"
+        assert not any(f"sleep {n}" in cmd for n in sleeps), f"left running: {pid_dir.name} {cmd}"
 
 
 def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
