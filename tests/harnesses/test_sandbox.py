@@ -140,7 +140,9 @@ def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
 
 
 def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
-    result = _run(tmp_path, "setsid sleep 303 & sleep 304 & echo ok")
+    tag = uuid.uuid4().int % 10**6
+    sleeps = [f"{n}.{tag:06d}" for n in (303, 304)]
+    result = _run(tmp_path, f"setsid sleep {sleeps[0]} & sleep {sleeps[1]} & echo ok")
     assert result.exit_reason == "finished"
     assert result.leftover_pids == []
     time.sleep(0.1)
@@ -150,7 +152,7 @@ def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
                 cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            assert "sleep 303" not in cmd and "sleep 304" not in cmd
+            assert not any(f"sleep {n}" in cmd for n in sleeps), f"left running: {pid_dir.name} {cmd}"
 
 
 def test_crash_wiring_failure_and_budget_classification(tmp_path: Path) -> None:
