@@ -122,8 +122,11 @@ class ControlPlane:
             return session
         data = await asyncio.to_thread(self.proxy.store.read_session, session.session_id)
         body: dict[str, Any] = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
-        metadata = {**session.metadata, "session_id": session.session_id}
-        body.update(await asyncio.to_thread(build_trajectory, data["calls"], metadata))
+        # ?trajectory=false: callers that build rows with their own options (the attempt runner)
+        # skip building the graph here a second time.
+        if request.query_params.get("trajectory", "true").lower() not in ("0", "false", "no"):
+            metadata = {**session.metadata, "session_id": session.session_id}
+            body.update(await asyncio.to_thread(build_trajectory, data["calls"], metadata))
         return json_response(body)
 
     async def delete_session(self, request: Request) -> Response:

@@ -112,7 +112,9 @@ class ProxyAttemptRunner:
         def proxy_stats() -> ProxyStats | None:
             # Called from the worker thread once the agent's process group is gone: fetch what the
             # proxy recorded (on the loop that owns the client).
-            fut = asyncio.run_coroutine_threadsafe(self.client.get(f"/sessions/{session_id}/rollout"), loop)
+            fut = asyncio.run_coroutine_threadsafe(
+                self.client.get(f"/sessions/{session_id}/rollout?trajectory=false"), loop
+            )
             rollout.update(fut.result(timeout=60).json())
             return proxy_stats_from_rollout(rollout)
 
@@ -145,7 +147,7 @@ class ProxyAttemptRunner:
             outcome.tool_calls_verified = False
 
         if not rollout:
-            rollout = (await self.client.get(f"/sessions/{session_id}/rollout")).json()
+            rollout = (await self.client.get(f"/sessions/{session_id}/rollout?trajectory=false")).json()
         calls = rollout.get("calls", [])
         outcome.rows, outcome.metrics = self._rows(calls, outcome)
 

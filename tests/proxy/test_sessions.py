@@ -189,6 +189,8 @@ def test_store_reopen_rebuilds_delta_index_and_accepts_old_keys(make_proxy: Any,
     assert graph_calls["c00001"]["parent_id"] == "c00000"
     assert graph_calls["c00001"]["sampled_ids"] == calls[1]["sampled_ids"]
     assert rollout["trajectory"]["metadata"]["session_id"] == s["session_id"]
+    calls_only = h2.admin("GET", f"/sessions/{s['session_id']}/rollout?trajectory=false").json()
+    assert "trajectory" not in calls_only and calls_only["calls"] == calls
 
 
 def test_secrets_never_reach_the_store_or_logs(make_proxy: Any, tmp_path: Any, caplog: Any) -> None:
