@@ -9,8 +9,8 @@ Finding the parent without keeping token lists in RAM: every call's end sequence
 chain over fixed blocks of ``BLOCK`` tokens (``chain[k]`` covers the first ``k*BLOCK`` tokens);
 each new chain value is remembered with the first call that produced it. An exact end position
 ``L`` (a previous prompt end or call end) is remembered as the chain value before ``L`` plus the
-tail. Lookup is one pass over the new prompt's blocks plus one tail hash per remembered end, so
-the cost is linear in the prompt and never all-pairs. The same scheme over canonical messages
+tail. Lookup is one pass over the new prompt's blocks plus one tail hash per distinct end length
+inside the last matching block, so the cost is linear in the prompt and never all-pairs. The same scheme over canonical messages
 (one "block" per message) delta-encodes the recorded request messages.
 
 What is not covered: a shared prefix that ends inside a block and is not an earlier call's end is
@@ -69,22 +69,36 @@ class PrefixMatch:
 
 @dataclass
 class TokenIndex:
-    """Per-session memory: block-chain hashes and end hashes, never the tokens themselves."""
+    """Per-session memory: block-chain hashes and end hashes, never the tokens themselves.
+
+    Ends are filed under the chain value of the block they end in: an end at ``L`` can only beat
+    the longest block match ``k`` if it lies in block ``k`` (all its full blocks would match too),
+    so a lookup hashes one tail per distinct end length in that block, not one per earlier call.
+    """
 
     blocks: dict[bytes, str] = field(default_factory=dict)
-    ends: list[tuple[int, bytes, str]] = field(default_factory=list)
+    ends: dict[bytes, dict[int, dict[bytes, str]]] = field(default_factory=dict)
 
     def match(self, data: bytes, n: int, chain: list[bytes]) -> PrefixMatch:
         best = PrefixMatch(None, 0)
+        top = 0
         for k in range(len(chain) - 1, 0, -1):
             owner = self.blocks.get(chain[k])
             if owner is not None:
-                best = PrefixMatch(owner, k * BLOCK)
+                best, top = PrefixMatch(owner, k * BLOCK), k
                 break
-        for length, digest, call_id in self.ends:
-            if best.offset < length <= n and end_hash(chain, data, length) == digest:
-                best = PrefixMatch(call_id, length)
+        by_length = self.ends.get(chain[top])
+        if by_length:
+            for length in sorted(by_length, reverse=True):
+                if best.offset < length <= n:
+                    owner = by_length[length].get(end_hash(chain, data, length))
+                    if owner is not None:
+                        return PrefixMatch(owner, length)
         return best
+
+    def _add_end(self, chain: list[bytes], data: bytes, length: int, call_id: str) -> None:
+        by_length = self.ends.setdefault(chain[length // BLOCK], {})
+        by_length.setdefault(length, {}).setdefault(end_hash(chain, data, length), call_id)
 
     def add(self, call_id: str, prompt: bytes, n_prompt: int, prompt_chain: list[bytes], full: bytes) -> None:
         n_full = len(full) // 4
@@ -99,9 +113,9 @@ class TokenIndex:
                 chain.append(prev)
         for digest in chain[1:]:
             self.blocks.setdefault(digest, call_id)
-        self.ends.append((n_prompt, end_hash(prompt_chain, prompt, n_prompt), call_id))
+        self._add_end(prompt_chain, prompt, n_prompt, call_id)
         if n_full != n_prompt:
-            self.ends.append((n_full, end_hash(chain, full, n_full), call_id))
+            self._add_end(chain, full, n_full, call_id)
 
 
 def message_digests(messages: Sequence[Any], chain: list[bytes] | None = None) -> list[bytes]:

@@ -111,6 +111,12 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
         raise BadRequest(
             f"n={n!r}: the proxy records exactly one sampled continuation per call. Send n=1 or omit n."
         )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(
+            "the request has no messages once converted (empty contents/input/messages, or only "
+            "empty parts): send at least one message with content."
+        )
     requested = {k: body.pop(k) for k in SAMPLING_KEYS if k in body}
     for key in UNREPRODUCIBLE_KEYS:
         if key in body:

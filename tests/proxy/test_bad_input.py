@@ -59,6 +59,25 @@ def test_malformed_json_wrong_types_missing_fields(make_proxy: Any, fmt: str) ->
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_request_that_converts_to_no_messages_is_400_not_forwarded(make_proxy: Any, fmt: str) -> None:
+    h = make_proxy()
+    s = h.session()
+    path, body, headers = request(fmt, "x")
+    empty = {
+        "openai_chat": {"messages": []},
+        "openai_responses": {"input": []},
+        "anthropic_messages": {"messages": []},
+        "gemini": {"contents": [{"role": "user", "parts": []}]},
+    }[fmt]
+    r = h.run(h.client.post(f"/s/{s['key']}{path}", json={**body, **empty}, headers=headers))
+    assert r.status_code == 400, r.text
+    message = error_message(fmt, r.json())
+    assert "is empty" in message or "no messages" in message, message
+    assert h.engine.requests == [] and h.store.read_session(s["session_id"])["calls"] == []
+    healthy(h)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_oversized_body_is_413(make_proxy: Any, fmt: str) -> None:
     h = make_proxy(max_body_bytes=4096)
     s = h.session()
