@@ -116,7 +116,7 @@ def describe_plan(run: RunConfig) -> str:
     p = run.proxy
     out.append(
         f"  proxy: {p.host}:{p.port or 'free port'} admin_key={'set' if p.admin_key else 'unset'} "
-        f"max_model_calls={p.max_model_calls} max_output_tokens={p.max_output_tokens} "
+        f"max_model_calls={p.max_model_calls} max_output_tokens={p.max_output_tokens} workers={p.workers} "
         f"store={p.store_dir or str(run.output_dir) + '/records'}"
     )
     out.append(f"  harnesses ({len(run.harness)}):")

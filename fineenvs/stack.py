@@ -102,6 +102,7 @@ def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str
         "--max-body-bytes", str(p.max_body_bytes),
         "--keepalive-seconds", str(p.keepalive_seconds),
         "--retries", str(p.upstream_retries),
+        "--workers", str(p.workers),
     ]  # fmt: skip
     env = dict(os.environ, FINEENVS_ADMIN_KEY=p.admin_key) if p.admin_key else None
     url = f"http://{p.host}:{port}"

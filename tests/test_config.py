@@ -171,9 +171,11 @@ def test_errors_name_key_and_fix() -> None:
         "scheduler.max_inflight=4",
         "reward.terms.tool_efficiency=0.5",
         "proxy.host=0.0.0.0",
+        "proxy.workers=0",
         "trainer.num_generations=1",
     )
     text = "\n".join(problems)
+    assert "proxy.workers=0" in text
     assert "scheduler.max_inflight" in text and "Fix:" in text
     assert "reward.terms.tool_efficiency" in text
     assert "proxy.admin_key" in text

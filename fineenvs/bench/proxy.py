@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -106,6 +107,46 @@ async def _standin_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         pass
     finally:
         writer.close()
+
+
+async def _relay_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(1 << 20):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+def run_relay(port: int, upstream: int) -> None:
+    """A null proxy: copies bytes between each client connection and its own upstream connection.
+
+    It parses nothing, converts nothing and records nothing, so its throughput against the stand-in
+    is the most any process placed in the path can reach on this machine.
+    """
+
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(HOST, upstream, limit=1 << 22)
+        await asyncio.gather(_relay_pipe(reader, up_writer), _relay_pipe(up_reader, writer))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(conn, HOST, port, backlog=4096, limit=1 << 22)
+        async with server:
+            await server.serve_forever()
+
+    _run_fast(serve())
+
+
+def _run_fast(coro: Any) -> None:
+    # The proxy runs on uvloop (uvicorn's default when installed): give the baselines the same loop.
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
 
 
 def run_standin(port: int) -> None:
@@ -302,6 +343,38 @@ class Stack:
     def proxy_pid(self) -> int:
         return self.procs[1].pid
 
+    def proxy_pids(self) -> list[int]:
+        """The proxy's main process and its worker processes (``--workers``)."""
+        main = self.proxy_pid
+        pids = [main]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
+                    pids.append(int(stat.parent.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return pids
+
+    def proxy_cpu(self) -> tuple[float, float]:
+        """User and system CPU seconds of every proxy process together."""
+        user = system = 0.0
+        for pid in self.proxy_pids():
+            try:
+                u, k = cpu_split(pid)
+            except OSError:
+                continue
+            user, system = user + u, system + k
+        return user, system
+
+    def proxy_rss_mb(self) -> float:
+        total = 0.0
+        for pid in self.proxy_pids():
+            try:
+                total += rss_mb(pid)
+            except OSError:
+                continue
+        return total
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
@@ -313,7 +386,7 @@ class Stack:
                 proc.kill()
 
 
-async def start_stack(store_dir: Path, *, fsync: bool) -> Stack:
+async def start_stack(store_dir: Path, *, fsync: bool, workers: int = 1) -> Stack:
     stack = Stack(free_port(), free_port(), store_dir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     stack.procs.append(
@@ -326,7 +399,7 @@ async def start_stack(store_dir: Path, *, fsync: bool) -> Stack:
         sys.executable, "-m", "fineenvs.proxy", "serve",
         "--engine-url", f"http://{HOST}:{stack.standin_port}", "--served-model", "standin",
         "--port", str(stack.proxy_port), "--store-dir", str(store_dir), "--max-model-calls", "1000000",
-        "--keepalive-seconds", "30",
+        "--keepalive-seconds", "30", "--workers", str(workers),
     ]  # fmt: skip
     if not fsync:
         cmd.append("--no-fsync")
@@ -336,7 +409,8 @@ async def start_stack(store_dir: Path, *, fsync: bool) -> Stack:
     return stack
 
 
-async def new_session(port: int) -> str:
+async def new_session(port: int) -> tuple[int, str]:
+    """A fresh session: the port and path prefix of its ``base_url`` (a worker's, with --workers)."""
     conn = RawConn(port)
     try:
         status, body = await conn.request("POST", "/sessions", b"{}")
@@ -344,7 +418,8 @@ async def new_session(port: int) -> str:
         conn.close()
     if status != 201:
         raise RuntimeError(f"POST /sessions answered {status}: {body[:200]!r}")
-    return str(orjson.loads(body)["key"])
+    parts = urlsplit(str(orjson.loads(body)["base_url"]))
+    return int(parts.port or port), parts.path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,12 +429,13 @@ async def new_session(port: int) -> str:
 async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
     """Sequential calls (one in flight): direct vs proxy latency, and proxy CPU per call."""
     out: dict[str, Any] = {}
-    direct, proxied = RawConn(stack.standin_port), RawConn(stack.proxy_port)
-    key = await new_session(stack.proxy_port)
+    direct = RawConn(stack.standin_port)
+    port, prefix = await new_session(stack.proxy_port)
+    proxied = RawConn(port)
     small = [orjson.dumps(small_chat(i)) for i in range(n_small)]
     for body in small[:10]:  # warm both paths
         await direct.request("POST", "/v1/chat/completions", body)
-        await proxied.request("POST", f"/s/{key}/v1/chat/completions", body)
+        await proxied.request("POST", f"{prefix}/v1/chat/completions", body)
 
     async def timed(
         conn: RawConn, path: str, bodies: list[bytes], headers: dict[str, str] | None = None
@@ -374,9 +450,9 @@ async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
         return times
 
     d_small = await timed(direct, "/v1/chat/completions", small)
-    u0, s0 = cpu_split(stack.proxy_pid)
-    p_small = await timed(proxied, f"/s/{key}/v1/chat/completions", small)
-    u1, s1 = cpu_split(stack.proxy_pid)
+    u0, s0 = stack.proxy_cpu()
+    p_small = await timed(proxied, f"{prefix}/v1/chat/completions", small)
+    u1, s1 = stack.proxy_cpu()
     out["small"] = {
         "direct": d_small,
         "proxy": p_small,
@@ -389,12 +465,17 @@ async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
     engine = [orjson.dumps(as_engine_body(claude_code_request(t))) for t in range(17)]
     d_large = await timed(direct, "/v1/chat/completions", engine)
     p_large: list[float] = []
-    keys = [await new_session(stack.proxy_port) for _ in anthropic]
+    sessions = [await new_session(stack.proxy_port) for _ in anthropic]
+    conns = {p: RawConn(p) for p, _ in sessions}
     # CPU time comes in 10 ms clock ticks: measure over all attempts at once.
-    u0, s0 = cpu_split(stack.proxy_pid)
-    for akey, bodies in zip(keys, anthropic, strict=True):
-        p_large += await timed(proxied, f"/s/{akey}/v1/messages", bodies, {"anthropic-version": "2023-06-01"})
-    u1, s1 = cpu_split(stack.proxy_pid)
+    u0, s0 = stack.proxy_cpu()
+    for (port, prefix), bodies in zip(sessions, anthropic, strict=True):
+        p_large += await timed(
+            conns[port], f"{prefix}/v1/messages", bodies, {"anthropic-version": "2023-06-01"}
+        )
+    u1, s1 = stack.proxy_cpu()
+    for conn in conns.values():
+        conn.close()
     out["large"] = {
         "direct": d_large,
         "proxy": p_large,
@@ -475,7 +556,7 @@ class HealthPoller:
 
 
 async def concurrent_load(
-    port: int,
+    port: int | Callable[[int], int],
     n_sessions: int,
     calls_each: int,
     make_call: Callable[[int, int], tuple[str, bytes, dict[str, str]]],
@@ -489,7 +570,7 @@ async def concurrent_load(
 
     async def client(i: int) -> None:
         nonlocal done
-        conn = RawConn(port)
+        conn = RawConn(port if isinstance(port, int) else port(i))
         try:
             await start_gate.wait()
             for k in range(calls_each):
@@ -528,25 +609,43 @@ async def concurrent_load(
 
 
 async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
-    keys = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
+    sessions = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
     bodies = [orjson.dumps(small_chat(i)) for i in range(n_sessions)]
     direct = await concurrent_load(
         stack.standin_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
     )
     poller = HealthPoller(stack.proxy_port)
     await asyncio.sleep(0.3)
-    c0 = cpu_seconds(stack.proxy_pid)
+    c0 = sum(stack.proxy_cpu())
     proxied = await concurrent_load(
-        stack.proxy_port,
+        lambda i: sessions[i][0],
         n_sessions,
         calls_each,
-        lambda i, k: (f"/s/{keys[i]}/v1/chat/completions", bodies[i], {}),
+        lambda i, k: (f"{sessions[i][1]}/v1/chat/completions", bodies[i], {}),
     )
-    cpu = (cpu_seconds(stack.proxy_pid) - c0) * 1000 / max(1, proxied["done"])
+    cpu = (sum(stack.proxy_cpu()) - c0) * 1000 / max(1, proxied["done"])
     health = poller.finish()
+    # The ceiling: a relay that does nothing but copy bytes, in the same run and the same load.
+    relay_port = free_port()
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "fineenvs.bench.proxy", "relay", "--port", str(relay_port),
+         "--upstream", str(stack.standin_port)],
+    )  # fmt: skip
+    try:
+        await wait_http(relay_port, "/health")
+        r0 = cpu_seconds(relay.pid)
+        relayed = await concurrent_load(
+            relay_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
+        )
+        relay_cpu = (cpu_seconds(relay.pid) - r0) * 1000 / max(1, relayed["done"])
+    finally:
+        relay.terminate()
+        relay.wait(20)
     return {
         "direct": direct,
         "proxy": proxied,
+        "relay": relayed,
+        "relay_cpu_ms": relay_cpu,
         "health_ms": health,
         "cpu_ms": cpu,
         "expected": n_sessions * calls_each,
@@ -554,17 +653,17 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, 
 
 
 async def memory(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
-    keys = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
+    sessions = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
     bodies = [orjson.dumps(claude_code_request(k)) for k in range(calls_each)]
     headers = {"anthropic-version": "2023-06-01"}
-    before = rss_mb(stack.proxy_pid)
+    before = stack.proxy_rss_mb()
     peak = [before]
     result = await concurrent_load(
-        stack.proxy_port,
+        lambda i: sessions[i][0],
         n_sessions,
         calls_each,
-        lambda i, k: (f"/s/{keys[i]}/v1/messages", bodies[k], headers),
-        on_tick=lambda: peak.append(rss_mb(stack.proxy_pid)),
+        lambda i, k: (f"{sessions[i][1]}/v1/messages", bodies[k], headers),
+        on_tick=lambda: peak.append(stack.proxy_rss_mb()),
     )
     return {**result, "rss_before_mb": before, "rss_peak_mb": max(peak), "expected": n_sessions * calls_each}
 
@@ -580,7 +679,7 @@ def _fmt(values: list[float]) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fineenvs-bench-proxy-") as tmp:
-        stack = await start_stack(Path(tmp) / "store", fsync=not args.no_fsync)
+        stack = await start_stack(Path(tmp) / "store", fsync=not args.no_fsync, workers=args.workers)
         try:
             phases = set(args.phases.split(","))
             if "latency" in phases:
@@ -598,7 +697,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     lines = [
-        f"fineenvs proxy benchmark ({'full' if args.full else 'quick'} mode, fsync {'off' if args.no_fsync else 'on'})"
+        f"fineenvs proxy benchmark ({'full' if args.full else 'quick'} mode, fsync {'off' if args.no_fsync else 'on'}, "
+        f"{args.workers} proxy process{'es' if args.workers > 1 else ''}, {os.cpu_count()} cores)"
     ]
     runs = results.get("latency", [])
     sync = " (no fsync)" if args.no_fsync else " (fsync each)"
@@ -635,6 +735,15 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
         f"proxy {cap['proxy']['throughput']:.0f} calls/s (ratio {ratio:.2f}, bar >= 0.70 {'OK' if ratio >= 0.7 else 'UNDER'}); "
         f"CPU {cap['cpu_ms']:.2f} ms/call (user + kernel, group-committed fsync)"
     )
+    relay = cap.get("relay")
+    if relay is not None:
+        r_ratio = relay["throughput"] / cap["direct"]["throughput"]
+        lines.append(
+            f"ceiling on this machine: a null relay (copies bytes, parses and records nothing) reaches "
+            f"{relay['throughput']:.0f} calls/s (ratio {r_ratio:.2f}) at {cap['relay_cpu_ms']:.3f} ms CPU/call; "
+            f"{os.cpu_count()} cores shared by load generator, stand-in and proxy, so a proxy spending "
+            f"{cap['cpu_ms']:.2f} ms/call is bounded by CPU, not by concurrency"
+        )
     lines.append(
         f"/health under load: {len(cap['health_ms'])} polls, p50 {pct(cap['health_ms'], 0.5):.1f} ms, "
         f"p99 {h99:.1f} ms (bar < 100 ms) {'OK' if h99 < 100 else 'OVER'}"
@@ -666,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--memory-sessions", type=int, default=320)
     parser.add_argument(
+        "--workers", type=int, default=1, help="proxy processes (serve --workers); CPU and RSS are summed"
+    )
+    parser.add_argument(
         "--phases",
         default="latency,capacity,memory",
         help="comma-separated subset of latency,capacity,memory",
@@ -678,6 +790,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["standin"]:
         run_standin(int(argv[argv.index("--port") + 1]))
+        return 0
+    if argv[:1] == ["relay"]:
+        run_relay(int(argv[argv.index("--port") + 1]), int(argv[argv.index("--upstream") + 1]))
         return 0
     if argv[:1] == ["poll-health"]:
         poll_health(int(argv[argv.index("--port") + 1]))

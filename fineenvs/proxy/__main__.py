@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-fsync", action="store_true", help="flush records without fsync (faster, less safe)"
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="proxy processes, each owning a shard of the sessions (one per spare core; ports P..P+N-1)",
+    )
     serve.add_argument("--log-level", default="warning")
     return parser
 
@@ -75,6 +81,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         retries=args.retries,
         max_upstream_concurrency=args.max_upstream_concurrency,
         fsync=not args.no_fsync,
+        workers=args.workers,
     )
 
 
@@ -93,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     store = CallStore(settings.store_dir, fsync=settings.fsync)
-    app = create_proxy_app(settings, store=store)
+    app = create_proxy_app(settings, store=store, log_level=args.log_level)
     print(
         f"fineenvs proxy on http://{settings.host}:{settings.port} -> {settings.upstream_url} "
-        f"(model {settings.served_model}, store {settings.store_dir})",
+        f"(model {settings.served_model}, store {settings.store_dir}"
+        + (f", {settings.workers} workers" if settings.workers > 1 else "")
+        + ")",
         flush=True,
     )
     # Fewer, cheaper collections: the proxy allocates many short-lived dicts per call, and

@@ -116,11 +116,19 @@ def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, 
 class ProxyApp:
     """Request handlers; ``create_proxy_app`` wraps them in a Starlette app."""
 
-    def __init__(self, settings: ProxySettings, upstream: EngineClient, store: CallStore) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        upstream: EngineClient,
+        store: CallStore,
+        *,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.store = store
-        self.sessions = SessionRegistry(store, settings.max_model_calls)
+        self.shard = shard
+        self.sessions = SessionRegistry(store, settings.max_model_calls, shard=shard)
         self.started = time.time()
         self.inflight = 0
         self.tasks: set[asyncio.Task[Outcome]] = set()
@@ -463,23 +471,43 @@ async def _iter_bytes(events: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def create_proxy_app(
-    settings: ProxySettings, *, upstream: httpx.AsyncClient | None = None, store: CallStore
+    settings: ProxySettings,
+    *,
+    upstream: httpx.AsyncClient | None = None,
+    store: CallStore,
+    shard: tuple[int, int] | None = None,
+    log_level: str = "warning",
 ) -> Starlette:
-    """The proxy as a Starlette app. Pass ``upstream`` to swap the engine transport in tests."""
+    """The proxy as a Starlette app. Pass ``upstream`` to swap the engine transport in tests.
+
+    With ``settings.workers > 1`` this is the main process of a worker pool (shard 0 plus the
+    control plane; it starts the other workers in its lifespan). ``shard`` is set only inside a
+    pool's worker process.
+    """
     settings.validate()
     engine: EngineClient = (
         HttpxEngine(upstream)
         if upstream is not None
         else RawEngine(settings.upstream_url, max_connections=settings.max_upstream_concurrency)
     )
-    proxy = ProxyApp(settings, engine, store)
-    control = ControlPlane(proxy)
+    pool = None
+    if shard is None and settings.workers > 1:
+        from fineenvs.proxy.workers import WorkerPool
+
+        pool = WorkerPool(settings, log_level=log_level)
+        shard = (0, settings.workers)
+    proxy = ProxyApp(settings, engine, store, shard=shard or (0, 1))
+    control = ControlPlane(proxy, pool)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if pool is not None:
+            await pool.startup()
         try:
             yield
         finally:
+            if pool is not None:
+                await pool.shutdown()
             if proxy.tasks:
                 await asyncio.gather(*proxy.tasks, return_exceptions=True)
             if upstream is None:

@@ -20,11 +20,36 @@ from fineenvs.proxy.wire import bearer, json_response
 
 if TYPE_CHECKING:
     from fineenvs.proxy.app import ProxyApp
+    from fineenvs.proxy.workers import WorkerPool
 
 
 class ControlPlane:
-    def __init__(self, proxy: ProxyApp) -> None:
+    """Control routes; with a worker pool, requests about another shard's session go to its owner."""
+
+    def __init__(self, proxy: ProxyApp, pool: WorkerPool | None = None) -> None:
         self.proxy = proxy
+        self.pool = pool
+
+    def _owner(self, session_id: str) -> int:
+        from fineenvs.proxy.workers import shard_of
+
+        return shard_of(session_id, self.proxy.shard[1])
+
+    async def _forwarded(self, request: Request, shard: int, body: bytes | None = None) -> Response:
+        assert self.pool is not None
+        try:
+            resp = await self.pool.forward(
+                shard, request.method, request.url.path, query=request.url.query.encode(), body=body
+            )
+        except Exception as exc:  # noqa: BLE001 - a dead worker is the caller's 503, not a crash
+            return json_response(
+                {
+                    "error": f"fineenvs proxy: worker {shard} did not answer ({type(exc).__name__}: {exc}); "
+                    "it is restarted automatically, retry shortly."
+                },
+                503,
+            )
+        return Response(resp.content, status_code=resp.status_code, media_type="application/json")
 
     def _admin_denied(self, request: Request) -> Response | None:
         expected = self.proxy.settings.admin_key
@@ -42,15 +67,21 @@ class ControlPlane:
         )
 
     async def health(self, request: Request) -> Response:
-        return json_response(
-            {
-                "status": "ok",
-                "served_model": self.proxy.settings.served_model,
-                "sessions": len(self.proxy.sessions.by_digest),
-                "inflight": self.proxy.inflight,
-                "uptime_s": round(time.time() - self.proxy.started, 3),
-            }
-        )
+        body: dict[str, Any] = {
+            "status": "ok",
+            "served_model": self.proxy.settings.served_model,
+            "sessions": len(self.proxy.sessions.by_digest),
+            "inflight": self.proxy.inflight,
+            "uptime_s": round(time.time() - self.proxy.started, 3),
+        }
+        if self.proxy.shard[1] > 1:
+            body["shard"] = self.proxy.shard[0]
+        if self.pool is not None:
+            # Process liveness only (no network): /health must stay cheap under load.
+            body["workers"] = self.pool.status()
+            if not all(w["alive"] for w in body["workers"]):
+                body["status"] = "degraded"
+        return json_response(body)
 
     async def create_session(self, request: Request) -> Response:
         if denied := self._admin_denied(request):
@@ -76,6 +107,27 @@ class ControlPlane:
         session_id = payload.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
+        if self.pool is not None:
+            from fineenvs.proxy.workers import new_session_id
+
+            session_id = session_id or new_session_id()
+            shard = self._owner(session_id)
+            if shard != self.proxy.shard[0]:
+                forwarded = await self._forwarded(
+                    request, shard, orjson.dumps({**payload, "session_id": session_id})
+                )
+                if forwarded.status_code == 201:
+                    # The worker names itself by the address we reached it on; agents need the
+                    # host they reached us on, with the worker's port.
+                    reply = orjson.loads(forwarded.body)
+                    origin = request.base_url
+                    host = origin.hostname or "127.0.0.1"
+                    host = f"[{host}]" if ":" in host else host
+                    port = self.pool.worker(shard).port
+                    reply["base_url"] = f"{origin.scheme}://{host}:{port}/s/{reply['key']}"
+                    reply["shard"] = shard
+                    return json_response(reply, 201)
+                return forwarded
         try:
             session, key = await self.proxy.sessions.create(
                 metadata, max_model_calls=budget, session_id=session_id
@@ -90,6 +142,7 @@ class ControlPlane:
                 "base_url": f"{base}/s/{key}",
                 "max_model_calls": session.max_model_calls,
                 "metadata": session.metadata,
+                **({"shard": self.proxy.shard[0]} if self.proxy.shard[1] > 1 else {}),
             },
             201,
         )
@@ -97,7 +150,21 @@ class ControlPlane:
     async def list_sessions(self, request: Request) -> Response:
         if denied := self._admin_denied(request):
             return denied
-        return json_response({"sessions": [s.stats() for s in list(self.proxy.sessions.by_id.values())]})
+        sessions = [s.stats() for s in list(self.proxy.sessions.by_id.values())]
+        if self.pool is not None:
+            replies = await asyncio.gather(*(self._forwarded(request, w.shard) for w in self.pool.workers))
+            for reply in replies:
+                if reply.status_code != 200:
+                    return reply
+                sessions += orjson.loads(reply.body)["sessions"]
+        return json_response({"sessions": sessions})
+
+    def _foreign(self, request: Request) -> int | None:
+        """The shard owning the path's session when that is another process, else None."""
+        if self.pool is None:
+            return None
+        shard = self._owner(request.path_params["session_id"])
+        return None if shard == self.proxy.shard[0] else shard
 
     def _session_or_404(self, request: Request) -> Session | Response:
         sid = request.path_params["session_id"]
@@ -111,12 +178,16 @@ class ControlPlane:
     async def session_stats(self, request: Request) -> Response:
         if denied := self._admin_denied(request):
             return denied
+        if (shard := self._foreign(request)) is not None:
+            return await self._forwarded(request, shard)
         session = self._session_or_404(request)
         return session if isinstance(session, Response) else json_response(session.stats())
 
     async def rollout(self, request: Request) -> Response:
         if denied := self._admin_denied(request):
             return denied
+        if (shard := self._foreign(request)) is not None:
+            return await self._forwarded(request, shard)
         session = self._session_or_404(request)
         if isinstance(session, Response):
             return session
@@ -132,6 +203,8 @@ class ControlPlane:
     async def delete_session(self, request: Request) -> Response:
         if denied := self._admin_denied(request):
             return denied
+        if (shard := self._foreign(request)) is not None:
+            return await self._forwarded(request, shard)
         session = self._session_or_404(request)
         if isinstance(session, Response):
             return session

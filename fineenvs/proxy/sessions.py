@@ -87,12 +87,20 @@ class Session:
 class SessionRegistry:
     """All sessions by id and by key digest; the store holds their durable copy."""
 
-    def __init__(self, store: CallStore, default_max_model_calls: int) -> None:
+    def __init__(
+        self, store: CallStore, default_max_model_calls: int, *, shard: tuple[int, int] = (0, 1)
+    ) -> None:
+        from fineenvs.proxy.workers import shard_of
+
         self.store = store
         self.default_max_model_calls = default_max_model_calls
+        self.shard = shard
         self.by_id: dict[str, Session] = {}
         self.by_digest: dict[str, Session] = {}
         for meta in store.load_metas():
+            # With --workers N each process loads only the sessions it owns (one writer per log).
+            if shard[1] > 1 and shard_of(str(meta.get("session_id")), shard[1]) != shard[0]:
+                continue
             try:
                 session = Session(
                     session_id=str(meta["session_id"]),

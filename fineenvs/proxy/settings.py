@@ -62,6 +62,8 @@ class ProxySettings:
     # An engine batches a few hundred sequences at most; vLLM's --max-num-seqs defaults to 256.
     max_upstream_concurrency: int = 256
     fsync: bool = True
+    # Proxy processes, each owning a shard of the sessions (see ``fineenvs.proxy.workers``).
+    workers: int = 1
 
     def validate(self) -> None:
         """Refuse settings that would expose an unauthenticated control plane or make no sense."""
@@ -80,6 +82,11 @@ class ProxySettings:
         if self.max_upstream_concurrency < 1:
             raise ValueError(
                 f"fineenvs proxy: max_upstream_concurrency={self.max_upstream_concurrency} must be >= 1."
+            )
+        if not 1 <= self.workers <= 64:
+            raise ValueError(
+                f"fineenvs proxy: workers={self.workers} must be between 1 and 64 "
+                "(one process per spare core is the useful maximum)."
             )
         if self.retries < 1:
             raise ValueError(f"fineenvs proxy: retries={self.retries} must be >= 1 (1 = no retry).")

@@ -1,0 +1,239 @@
+"""``serve --workers N``: sessions sharded over proxy processes, the control plane in the main one.
+
+The real proxy command runs in front of the benchmark's engine stand-in (a raw HTTP server whose
+replies carry vLLM-shaped token ids), and the official ``openai`` SDK makes the model calls.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from fineenvs.bench.proxy import SAMPLED, free_port
+from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
+from fineenvs.proxy.workers import settings_from_json, settings_to_json, shard_of
+
+PY = sys.executable
+
+
+def test_shard_of_is_stable_and_spreads() -> None:
+    ids = [f"s{i:04d}" for i in range(3000)]
+    shards = [shard_of(i, 4) for i in ids]
+    assert shards == [shard_of(i, 4) for i in ids]  # no per-process salt (unlike hash())
+    counts = [shards.count(k) for k in range(4)]
+    assert min(counts) > 600, counts
+    assert {shard_of(i, 1) for i in ids} == {0}
+
+
+def test_worker_settings_round_trip_exactly() -> None:
+    s = ProxySettings(
+        upstream_url="http://127.0.0.1:9",
+        served_model="m",
+        store_dir=Path("/tmp/x"),
+        sampling=SamplingPolicy(temperature=0.6, top_k=5),
+        workers=3,
+        fsync=False,
+    )
+    assert settings_from_json(settings_to_json(s)) == s
+
+
+def test_workers_setting_is_validated() -> None:
+    with pytest.raises(ValueError, match="workers=0 must be between 1 and 64"):
+        ProxySettings(workers=0).validate()
+
+
+def _wait(url: str, timeout: float = 60.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(url, timeout=2)
+            if r.status_code == 200:
+                return r
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout} s")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def standin() -> Iterator[int]:
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "fineenvs.bench.proxy", "standin", "--port", str(port)])
+    try:
+        _wait(f"http://127.0.0.1:{port}/health")
+        yield port
+    finally:
+        _stop(proc)
+
+
+def _serve(engine: int, port: int, store: Path, workers: int = 3) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [PY, "-m", "fineenvs.proxy", "serve", "--engine-url", f"http://127.0.0.1:{engine}",
+         "--served-model", "standin", "--port", str(port), "--store-dir", str(store),
+         "--workers", str(workers)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait(f"http://127.0.0.1:{port}/health")
+    return proc
+
+
+def _chat(base_url: str, key: str, text: str) -> Any:
+    client = openai.OpenAI(
+        base_url=f"{base_url}/v1", api_key="ignored-the-path-carries-the-key", max_retries=0
+    )
+    return client.chat.completions.create(
+        model="agent-asks-this", messages=[{"role": "user", "content": text}]
+    )
+
+
+def _worker_pids(main: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == main:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _port_base(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def test_sessions_shard_over_workers_and_control_plane_sees_all(standin: int, tmp_path: Path) -> None:
+    port = free_port()
+    while any(_port_in_use(port + k) for k in range(1, 3)):
+        port = free_port()
+    main = _serve(standin, port, tmp_path / "store")
+    base = _port_base(port)
+    try:
+        health = httpx.get(f"{base}/health").json()
+        assert health["status"] == "ok" and [w["port"] for w in health["workers"]] == [port + 1, port + 2]
+        sessions = [httpx.post(f"{base}/sessions", json={"task": f"t{i}"}).json() for i in range(12)]
+        shards = {s["shard"] for s in sessions}
+        assert shards == {0, 1, 2}, shards
+        for s in sessions:
+            assert s["shard"] == shard_of(s["session_id"], 3)
+            assert s["base_url"] == f"http://127.0.0.1:{port + s['shard']}/s/{s['key']}"
+            reply = _chat(s["base_url"], s["key"], f"hello {s['session_id']}")
+            assert reply.choices[0].message.content == "Done: the files are listed."
+            assert reply.model == "agent-asks-this"
+        for s in sessions:
+            r = httpx.get(f"{base}/sessions/{s['session_id']}/rollout")
+            assert r.status_code == 200, r.text
+            (call,) = r.json()["calls"]
+            assert r.json()["session"]["metadata"]["task"] == s["metadata"]["task"]
+            assert call["sampled_ids"] == SAMPLED and call["logprobs_aligned"] is True
+            assert call["logprobs"] == [-0.25] * len(SAMPLED) and len(call["prompt_ids"]) > 0
+            stats = httpx.get(f"{base}/sessions/{s['session_id']}").json()
+            assert stats["recorded_calls"] == 1
+        listed = httpx.get(f"{base}/sessions").json()["sessions"]
+        assert sorted(x["session_id"] for x in listed) == sorted(s["session_id"] for s in sessions)
+        # A user-chosen id lands on its one possible owner, which refuses a duplicate.
+        first = httpx.post(f"{base}/sessions", json={"session_id": "mine-1"})
+        assert first.status_code == 201 and first.json()["shard"] == shard_of("mine-1", 3)
+        again = httpx.post(f"{base}/sessions", json={"session_id": "mine-1"})
+        assert again.status_code == 400 and "taken" in again.json()["error"]
+        # Closing through the main process closes it in its worker: the key stops working there.
+        foreign = next(s for s in sessions if s["shard"] != 0)
+        r = httpx.delete(f"{base}/sessions/{foreign['session_id']}")
+        assert r.status_code == 200 and r.json()["closed"] is True
+        with pytest.raises(openai.AuthenticationError):
+            _chat(foreign["base_url"], foreign["key"], "after close")
+        # Worker control routes need the pool's internal key, even on loopback.
+        r = httpx.get(f"{_port_base(port + 1)}/sessions")
+        assert r.status_code == 401
+        assert httpx.get(f"{base}/sessions/nope").status_code == 404
+    finally:
+        _stop(main)
+    assert main.returncode is not None
+    deadline = time.monotonic() + 10
+    while _worker_pids(main.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _worker_pids(main.pid)
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp_path: Path) -> None:
+    port = free_port()
+    while any(_port_in_use(port + k) for k in range(1, 2)):
+        port = free_port()
+    store = tmp_path / "store"
+    main = _serve(standin, port, store, workers=2)
+    base = _port_base(port)
+    try:
+        s = next(
+            s for s in (httpx.post(f"{base}/sessions", json={}).json() for _ in range(40)) if s["shard"] == 1
+        )
+        for i in range(3):
+            _chat(s["base_url"], s["key"], f"call {i}")
+        (worker,) = _worker_pids(main.pid)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            health = httpx.get(f"{base}/health").json()
+            if health["workers"][0]["restarts"] == 1 and health["workers"][0]["alive"]:
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.2)
+        _wait(f"{_port_base(port + 1)}/health")
+        reply = _chat(s["base_url"], s["key"], "after the crash")  # same base_url, same key
+        assert reply.choices[0].message.content
+        calls = httpx.get(f"{base}/sessions/{s['session_id']}/rollout").json()["calls"]
+        assert [c["index"] for c in calls] == [0, 1, 2, 3]
+        assert all(c["sampled_ids"] == SAMPLED for c in calls)
+    finally:
+        _stop(main)
+    # The same --port and --workers after a restart: old keys reach their sessions again.
+    main = _serve(standin, port, store, workers=2)
+    try:
+        reply = _chat(s["base_url"], s["key"], "after the restart")
+        assert reply.choices[0].message.content
+        stats = httpx.get(f"{base}/sessions/{s['session_id']}").json()
+        assert stats["recorded_calls"] == 5
+        # A main process killed outright takes its workers with it (they watch their parent).
+        pids = _worker_pids(main.pid)
+        assert len(pids) == 1
+        _stop(main, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in pids):
+            assert time.monotonic() < deadline, "worker outlived its killed main process"
+            time.sleep(0.2)
+    finally:
+        _stop(main)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
