@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import signal
@@ -386,8 +387,34 @@ class Stack:
                 proc.kill()
 
 
+def free_ports(n: int) -> int:
+    """A port P with P..P+n-1 all free (``serve --workers n`` binds that range)."""
+    for _ in range(200):
+        port = free_port()
+        if port + n - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for k in range(1, n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind((HOST, port + k))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no {n} consecutive free ports on {HOST}")
+
+
 async def start_stack(store_dir: Path, *, fsync: bool, workers: int = 1) -> Stack:
-    stack = Stack(free_port(), free_port(), store_dir)
+    stack = Stack(free_port(), free_ports(workers), store_dir)
+    try:
+        return await _start_stack(stack, fsync=fsync, workers=workers)
+    except BaseException:
+        stack.stop()
+        raise
+
+
+async def _start_stack(stack: Stack, *, fsync: bool, workers: int) -> Stack:
+    store_dir = stack.store_dir
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     stack.procs.append(
         subprocess.Popen(

@@ -357,7 +357,12 @@ class ProxyApp:
                     resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
                 call.payload = b""  # answered: free it before waiting for a CPU turn
                 async with self._cpu_turn():
-                    result = decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - started)
+                    result = decode_reply(
+                        resp,
+                        attempts=attempts,
+                        upstream_s=time.perf_counter() - started,
+                        read_prompt=self.store.prompt_reader(session.session_id),
+                    )
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")
@@ -392,17 +397,17 @@ class ProxyApp:
                     "proxy_s": round(time.perf_counter() - t0 - result.upstream_s, 6),
                 },
             }
-            async with self._cpu_turn():
-                line = self.store.encode_call(
-                    session.session_id,
-                    f"c{index:05d}",
-                    prompt_ids=result.prompt_ids if result.prompt_ids is not None else [],
-                    sampled_ids=result.sampled_ids,
-                    request=call.record_request,
-                    response_message=result.message,
-                    fields=fields,
-                )
             try:
+                async with self._cpu_turn():
+                    line = self.store.encode_call(
+                        session.session_id,
+                        f"c{index:05d}",
+                        prompt=result.prompt if result.prompt is not None else [],
+                        sampled_ids=result.sampled_ids,
+                        request=call.record_request,
+                        response_message=result.message,
+                        fields=fields,
+                    )
                 await self.store.append_line(session.session_id, line)
             except StoreError as exc:
                 log.error("%s", exc)

@@ -20,6 +20,7 @@ found only down to the previous block boundary (at most ``BLOCK - 1`` tokens sto
 from __future__ import annotations
 
 import hashlib
+import warnings
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,47 @@ def end_hash(chain: list[bytes], data: bytes, length: int) -> bytes:
 
 
 @dataclass
+class Prompt:
+    """A prompt as the index needs it: int32 bytes, token count and block chain.
+
+    Read from the engine's decimal text (``TokenIndex.read_text``), the first ``known`` tokens can
+    be zeros in ``data``: their text matched an earlier prompt of the session block by block, so
+    their chain values are known and no lookup or record ever reads those bytes (every match starts
+    at or after block ``known // BLOCK``, whose chain value is registered). ``text_chain`` is the
+    chain over the text blocks, registered once the call is recorded.
+    """
+
+    data: bytes
+    n: int
+    chain: list[bytes]
+    text_chain: list[bytes] | None = None
+    known: int = 0
+
+    @classmethod
+    def from_ids(cls, ids: Sequence[int] | np.ndarray | array) -> Prompt:
+        data = token_bytes(ids)
+        n = len(data) // 4
+        return cls(data, n, block_chain(data, n))
+
+
+def parse_ids(text: bytes, expected: int | None = None) -> np.ndarray | None:
+    """Comma-separated non-negative int32 token ids as an int32 array, or None if not exactly that."""
+    if not text.strip():
+        return np.zeros(0, dtype=np.int32) if not expected else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ids64 = np.fromstring(text, dtype=np.int64, sep=",")
+    except (ValueError, DeprecationWarning):
+        return None
+    if ids64.size != text.count(b",") + 1 or (expected is not None and ids64.size != expected):
+        return None
+    if ids64.size and (ids64.min() < 0 or ids64.max() >= 2**31):
+        return None
+    return ids64.astype(np.int32)
+
+
+@dataclass
 class PrefixMatch:
     parent: str | None
     offset: int
@@ -78,6 +120,51 @@ class TokenIndex:
 
     blocks: dict[bytes, str] = field(default_factory=dict)
     ends: dict[bytes, dict[int, dict[bytes, str]]] = field(default_factory=dict)
+    # Chain value over the decimal text of the first k blocks -> chain value over their int32 bytes.
+    text_blocks: dict[bytes, bytes] = field(default_factory=dict)
+
+    def read_text(self, text: bytes) -> Prompt | None:
+        """A prompt from the engine's ``prompt_token_ids`` text (between the brackets).
+
+        Parsing 50,000 decimal ids costs about a millisecond; an agent's next prompt repeats the
+        previous one, so only the text past the longest block-aligned prefix already seen in this
+        session is parsed. Returns None when the text is not plain integers (the caller falls back
+        to a JSON parse).
+        """
+        if not text.strip():
+            return Prompt.from_ids([])
+        commas = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 44)
+        n = int(commas.size) + 1
+        full = n // BLOCK
+        # Block k's text runs from just after the comma ending token k*BLOCK-1 to the comma ending
+        # token (k+1)*BLOCK-1 (or the end of the text).
+        cuts = commas[BLOCK - 1 :: BLOCK][:full].tolist()
+        if len(cuts) < full:
+            cuts.append(len(text))  # n is a multiple of BLOCK: the last block ends the text
+        text_chain = [b""]
+        known_blocks = 0
+        start = 0
+        for k, end in enumerate(cuts):
+            text_chain.append(_h(text_chain[-1], text[start:end]))
+            if known_blocks == k and text_chain[-1] in self.text_blocks:
+                known_blocks = k + 1
+            start = end + 1
+        known = known_blocks * BLOCK
+        tail_start = 0 if known_blocks == 0 else cuts[known_blocks - 1] + 1
+        tail = parse_ids(text[tail_start:] if known < n else b"", expected=n - known)
+        if tail is None:
+            return None
+        data = bytes(known * 4) + tail.tobytes()
+        chain = [b""] + [self.text_blocks[text_chain[k]] for k in range(1, known_blocks + 1)]
+        step = BLOCK * 4
+        for k in range(known_blocks, full):
+            chain.append(_h(chain[-1], data[k * step : (k + 1) * step]))
+        return Prompt(data, n, chain, text_chain, known)
+
+    def add_text(self, prompt: Prompt) -> None:
+        if prompt.text_chain is not None:
+            for k in range(1, len(prompt.text_chain)):
+                self.text_blocks.setdefault(prompt.text_chain[k], prompt.chain[k])
 
     def match(self, data: bytes, n: int, chain: list[bytes]) -> PrefixMatch:
         best = PrefixMatch(None, 0)

@@ -26,7 +26,7 @@ import queue
 import re
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 
 from fineenvs.proxy.delta import (
+    Prompt,
     SessionIndex,
     block_chain,
     end_hash,
@@ -285,10 +286,8 @@ class CallStore:
     def _register(
         index: SessionIndex, call_id: str, prompt_ids: Sequence[int], sampled_ids: Sequence[int]
     ) -> None:
-        prompt = token_bytes(prompt_ids)
-        n = len(prompt) // 4
-        chain = block_chain(prompt, n)
-        index.tokens.add(call_id, prompt, n, chain, prompt + token_bytes(sampled_ids))
+        p = Prompt.from_ids(prompt_ids)
+        index.tokens.add(call_id, p.data, p.n, p.chain, p.data + token_bytes(sampled_ids))
 
     def prepare_request(self, session_id: str, messages: list[Any], tools: list[Any] | None) -> RequestRecord:
         """Take what the record needs from a request before the engine call (on the event loop).
@@ -315,12 +314,16 @@ class CallStore:
             tools=orjson.Fragment(orjson.dumps(tools)) if new_tools else None,
         )
 
+    def prompt_reader(self, session_id: str) -> Callable[[bytes], Prompt | None]:
+        """Reads an engine reply's ``prompt_token_ids`` text against this session's earlier prompts."""
+        return self._index(session_id).tokens.read_text
+
     def encode_call(
         self,
         session_id: str,
         call_id: str,
         *,
-        prompt_ids: Sequence[int] | np.ndarray,
+        prompt: Prompt | Sequence[int] | np.ndarray,
         sampled_ids: Sequence[int],
         request: RequestRecord,
         response_message: dict[str, Any],
@@ -328,18 +331,26 @@ class CallStore:
     ) -> bytes:
         """Build one call line and update the session's delta index (runs on the event loop)."""
         index = self._index(session_id)
-        prompt = token_bytes(prompt_ids)
-        n = len(prompt) // 4
-        chain = block_chain(prompt, n)
-        match = index.tokens.match(prompt, n, chain)
-        full = prompt + token_bytes(sampled_ids)
-        index.tokens.add(call_id, prompt, n, chain, full)
+        if not isinstance(prompt, Prompt):
+            prompt = Prompt.from_ids(prompt)
+        data, n, chain = prompt.data, prompt.n, prompt.chain
+        match = index.tokens.match(data, n, chain)
+        if match.offset < prompt.known:
+            # The prompt was read against an index that has since been dropped (a failed write):
+            # its first ``known`` tokens exist only as hashes here.
+            raise StoreError(
+                f"session {session_id}: call {call_id} was read against a session index that a failed "
+                "write has since reset; it cannot be delta-encoded."
+            )
+        full = data + token_bytes(sampled_ids)
+        index.tokens.add(call_id, data, n, chain, full)
+        index.tokens.add_text(prompt)
         prompt_rec = {
             "parent": match.parent,
             "offset": match.offset,
-            "suffix": array("i", prompt[match.offset * 4 :]).tolist(),
+            "suffix": array("i", data[match.offset * 4 :]).tolist(),
             "len": n,
-            "digest": end_hash(chain, prompt, n).hex(),
+            "digest": end_hash(chain, data, n).hex(),
         }
         index.messages.add(call_id, message_digests([response_message], request.chain))
         req: dict[str, Any] = {

@@ -19,13 +19,14 @@ import asyncio
 import math
 import re
 import time
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from fineenvs.proxy.delta import Prompt, parse_ids
 from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable
 from fineenvs.proxy.settings import ProxySettings
 
@@ -91,7 +92,7 @@ class EngineRequest:
 class EngineResult:
     completion: dict[str, Any]
     message: dict[str, Any]
-    prompt_ids: np.ndarray | None
+    prompt: Prompt | None
     sampled_ids: list[int]
     logprobs: list[float] | None
     logprobs_aligned: bool
@@ -209,7 +210,7 @@ async def post_with_retries(
 
 
 def parse_completion(
-    data: Any, *, attempts: int, upstream_s: float, prompt_ids: np.ndarray | None = None
+    data: Any, *, attempts: int, upstream_s: float, prompt: Prompt | None = None
 ) -> EngineResult:
     """Pull the token-level capture out of the engine reply and leave a lean completion for dialects."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
@@ -223,12 +224,14 @@ def parse_completion(
     raw_prompt = data.pop("prompt_token_ids", None)
     if raw_prompt is None:
         raw_prompt = choice.pop("prompt_token_ids", None)  # SGLang puts them on the choice
-    if prompt_ids is None and isinstance(raw_prompt, list):
+    if prompt is None and isinstance(raw_prompt, list) and all(type(t) is int for t in raw_prompt):
         try:
-            prompt_ids = np.array(raw_prompt, dtype=np.int32)
+            ids = np.array(raw_prompt, dtype=np.int64)
+            if ids.ndim == 1 and (ids.size == 0 or (ids.min() >= 0 and ids.max() < 2**31)):
+                prompt = Prompt.from_ids(ids.astype(np.int32))
         except (TypeError, ValueError, OverflowError):
-            prompt_ids = None
-    if prompt_ids is None:
+            prompt = None
+    if prompt is None:
         notes.append("engine returned no prompt_token_ids: call kept as context only")
     sampled = choice.pop("token_ids", None)
     sampled_ids: list[int] = sampled if isinstance(sampled, list) else []
@@ -242,7 +245,7 @@ def parse_completion(
     finish = choice.get("finish_reason") or "stop"
     raw_usage = data.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    n_prompt = len(prompt_ids) if prompt_ids is not None else 0
+    n_prompt = prompt.n if prompt is not None else 0
     usage = {
         "prompt_tokens": usage.get("prompt_tokens") or n_prompt,
         "completion_tokens": usage.get("completion_tokens") or len(sampled_ids),
@@ -257,10 +260,10 @@ def parse_completion(
     return EngineResult(
         completion=data,
         message=message,
-        prompt_ids=prompt_ids,
+        prompt=prompt,
         sampled_ids=sampled_ids,
         logprobs=logprobs,
-        logprobs_aligned=aligned and prompt_ids is not None,
+        logprobs_aligned=aligned and prompt is not None,
         finish_reason=str(finish),
         weight_version=weight_version,
         upstream_s=upstream_s,
@@ -293,13 +296,17 @@ def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | No
 _PROMPT_IDS_KEY = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
 
 
-def split_prompt_ids(raw: bytes) -> tuple[np.ndarray | None, bytes]:
-    """Parse ``prompt_token_ids`` straight from the reply bytes into an int32 array.
+def split_prompt_ids(
+    raw: bytes, read: Callable[[bytes], Prompt | None] | None = None
+) -> tuple[Prompt | None, bytes]:
+    """Read ``prompt_token_ids`` straight from the reply bytes, without building Python ints.
 
     A 50,000-token prompt as Python ints costs more CPU than the rest of the call together
-    (orjson builds 50,000 int objects, then they are packed again for hashing); numpy reads the
-    digits directly. The key cannot occur inside a JSON string (its quotes would be escaped).
-    Returns ``(None, raw)`` when the key is absent or the list is not plain integers.
+    (orjson builds 50,000 int objects, then they are packed again for hashing). ``read`` turns the
+    digits between the brackets into a ``Prompt`` (a session's ``TokenIndex.read_text`` parses only
+    what earlier prompts did not already have); by default numpy parses them all. The key cannot
+    occur inside a JSON string (its quotes would be escaped). Returns ``(None, raw)`` when the key
+    is absent or the list is not plain integers, and the JSON parse takes over.
     """
     m = _PROMPT_IDS_KEY.search(raw)
     if m is None:
@@ -308,30 +315,29 @@ def split_prompt_ids(raw: bytes) -> tuple[np.ndarray | None, bytes]:
     if end < 0:
         return None, raw
     segment = raw[m.end() : end]
-    if not segment.strip():
-        ids = np.zeros(0, dtype=np.int32)
+    if read is not None:
+        prompt = read(segment)
     else:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                ids64 = np.fromstring(segment, dtype=np.int64, sep=",")
-        except (ValueError, DeprecationWarning):
-            return None, raw
-        if ids64.size != segment.count(b",") + 1 or (
-            ids64.size and (ids64.min() < 0 or ids64.max() >= 2**31)
-        ):
-            return None, raw
-        ids = ids64.astype(np.int32)
-    return ids, raw[: m.start()] + b'"prompt_token_ids":null' + raw[end + 1 :]
+        ids = parse_ids(segment)
+        prompt = None if ids is None else Prompt.from_ids(ids)
+    if prompt is None:
+        return None, raw
+    return prompt, raw[: m.start()] + b'"prompt_token_ids":null' + raw[end + 1 :]
 
 
-def decode_reply(resp: EngineResponse, *, attempts: int, upstream_s: float) -> EngineResult:
-    prompt_ids, rest = split_prompt_ids(resp.content)
+def decode_reply(
+    resp: EngineResponse,
+    *,
+    attempts: int,
+    upstream_s: float,
+    read_prompt: Callable[[bytes], Prompt | None] | None = None,
+) -> EngineResult:
+    prompt, rest = split_prompt_ids(resp.content, read_prompt)
     try:
         data = orjson.loads(rest)
     except orjson.JSONDecodeError as exc:
         raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
-    return parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt_ids=prompt_ids)
+    return parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt=prompt)
 
 
 async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:

@@ -9,31 +9,37 @@ import numpy as np
 import orjson
 import pytest
 
-from fineenvs.proxy.delta import BLOCK, TokenIndex, block_chain, token_bytes
+from fineenvs.proxy import delta
+from fineenvs.proxy.delta import BLOCK, Prompt, TokenIndex, block_chain, token_bytes
 from fineenvs.proxy.engine_client import EngineResponse, EngineUnreachable, RawEngine
 from fineenvs.proxy.upstream import decode_reply, split_prompt_ids
 
 
 def test_split_prompt_ids_reads_digits_and_falls_back_on_anything_odd() -> None:
     raw = b'{"id":"x","prompt_token_ids":[5, 6,7],"choices":[]}'
-    ids, rest = split_prompt_ids(raw)
-    assert ids is not None and ids.tolist() == [5, 6, 7] and ids.dtype == np.int32
+    prompt, rest = split_prompt_ids(raw)
+    assert prompt is not None and _ids(prompt) == [5, 6, 7] and prompt.n == 3
     assert orjson.loads(rest) == {"id": "x", "prompt_token_ids": None, "choices": []}
-    assert split_prompt_ids(b'{"prompt_token_ids":[]}')[0].tolist() == []  # type: ignore[union-attr]
+    empty = split_prompt_ids(b'{"prompt_token_ids":[]}')[0]
+    assert empty is not None and empty.n == 0
     for odd in (
         b'{"prompt_token_ids":[1.5,2]}',
         b'{"prompt_token_ids":[1,"a"]}',
         b'{"x":1}',
         b'{"prompt_token_ids":[-1]}',
     ):
-        ids, rest = split_prompt_ids(odd)
-        assert ids is None and rest == odd
+        prompt, rest = split_prompt_ids(odd)
+        assert prompt is None and rest == odd
     # A string that mentions the key is escaped, so only the real key matches.
     raw = orjson.dumps(
         {"choices": [{"message": {"content": '"prompt_token_ids":[9]'}}], "prompt_token_ids": [1, 2]}
     )
-    ids, _ = split_prompt_ids(raw)
-    assert ids is not None and ids.tolist() == [1, 2]
+    prompt, _ = split_prompt_ids(raw)
+    assert prompt is not None and _ids(prompt) == [1, 2]
+
+
+def _ids(prompt: Prompt) -> list[int]:
+    return np.frombuffer(prompt.data, dtype=np.int32).tolist()
 
 
 def _reply(**extra: Any) -> bytes:
@@ -54,12 +60,12 @@ def test_decode_reply_hoists_sglang_prompt_ids_and_weight_versions() -> None:
     data["choices"][0]["prompt_token_ids"] = [1, 2, 9]
     data["choices"][0]["weight_versions"] = [3]
     result = decode_reply(EngineResponse(200, orjson.dumps(data)), attempts=1, upstream_s=0.0)
-    assert result.prompt_ids is not None and result.prompt_ids.tolist() == [1, 2, 9]
+    assert result.prompt is not None and _ids(result.prompt) == [1, 2, 9]
     assert result.weight_version == [3] and result.logprobs == [-0.5, 0.0] and result.logprobs_aligned
     result = decode_reply(
         EngineResponse(200, _reply(prompt_token_ids=[7], weight_version=5)), attempts=1, upstream_s=0
     )
-    assert result.prompt_ids.tolist() == [7] and result.weight_version == 5  # type: ignore[union-attr]
+    assert result.prompt is not None and _ids(result.prompt) == [7] and result.weight_version == 5
     assert (
         result.completion["usage"]["prompt_tokens"] == 1
         and result.completion["usage"]["completion_tokens"] == 2
@@ -92,6 +98,87 @@ def test_token_index_finds_longest_prefix_at_ends_and_blocks() -> None:
     assert match(a) == ("c0", len(a))  # a retry: same prompt
     assert match(a[:-3] + [1, 2, 3, 4]) == ("c0", 3 * BLOCK)  # edited tail: last block boundary
     assert match([42] + a) == (None, 0)  # a new root
+
+
+def _text(ids: list[int], sep: bytes = b",") -> bytes:
+    return sep.join(str(i).encode() for i in ids)
+
+
+@pytest.mark.parametrize("sep", [b",", b", "])
+def test_read_text_parses_only_what_earlier_prompts_did_not_have(
+    sep: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(0)
+    index = TokenIndex()
+    parsed: list[int] = []
+    real = delta.parse_ids
+
+    def counting(text: bytes, expected: int | None = None) -> np.ndarray | None:
+        parsed.append(expected if expected is not None else -1)
+        return real(text, expected)
+
+    monkeypatch.setattr(delta, "parse_ids", counting)
+    base = rng.integers(0, 151_000, 5 * BLOCK + 37).tolist()
+    call = 0
+    # An agent's prompts: each extends the last one; also a retry, an exact-multiple length,
+    # and an edited middle.
+    for prompt, expect_parsed in (
+        (base, len(base)),
+        (base + [1, 2, 3], len(base) + 3 - 5 * BLOCK),
+        (base, 37),
+        (base[: 4 * BLOCK], 0),
+        (base[:BLOCK] + [7] + base[BLOCK + 1 :], len(base) - BLOCK),
+    ):
+        parsed.clear()
+        got = index.read_text(_text(prompt, sep))
+        assert got is not None and parsed == [expect_parsed]
+        want = Prompt.from_ids(prompt)
+        assert got.n == want.n and got.chain == want.chain
+        assert got.data[got.known * 4 :] == want.data[got.known * 4 :]
+        m = index.match(got.data, got.n, got.chain)
+        assert m.offset >= got.known  # no lookup reaches the bytes that were not parsed
+        index.add(f"c{call}", got.data, got.n, got.chain, got.data)
+        index.add_text(got)
+        call += 1
+    assert index.read_text(_text(base[:10]) + b",1.5") is None
+    assert index.read_text(_text(base) + b",-3") is None
+    assert index.read_text(b"") is not None
+
+
+def test_call_read_from_text_records_the_same_line_as_from_ids(tmp_path: Any) -> None:
+    from fineenvs.proxy.store import CallStore
+
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 151_000, 3 * BLOCK + 5).tolist()]
+    prompts.append(prompts[0] + [11, 12] + rng.integers(0, 151_000, 700).tolist())
+    prompts.append(prompts[1] + [13] + rng.integers(0, 151_000, 40).tolist())
+    lines = {}
+    for how in ("text", "ids"):
+        store = CallStore(tmp_path / how, fsync=False)
+        asyncio.run(store.create_session("s1", {"session_id": "s1"}))
+        out = []
+        for i, prompt in enumerate(prompts):
+            request = store.prepare_request("s1", [{"role": "user", "content": str(i)}], None)
+            source = store.prompt_reader("s1")(_text(prompt)) if how == "text" else prompt
+            assert source is not None
+            out.append(
+                store.encode_call(
+                    "s1",
+                    f"c{i}",
+                    prompt=source,
+                    sampled_ids=[11, 12] if i == 0 else [13],
+                    request=request,
+                    response_message={"role": "assistant", "content": "x"},
+                    fields={"index": i},
+                )
+            )
+        lines[how] = out
+        for line in out:
+            asyncio.run(store.append_line("s1", line))
+        calls = store.read_session("s1")["calls"]
+        assert [c["prompt_ids"] for c in calls] == prompts
+        store.close()
+    assert lines["text"] == lines["ids"]
 
 
 def test_raw_engine_keepalive_chunked_and_stale_connection_retry() -> None:
