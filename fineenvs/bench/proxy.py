@@ -302,6 +302,26 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def cpu_ms_exact(pid: int) -> float | None:
+    """On-CPU milliseconds of every thread of ``pid`` at microsecond resolution (user + kernel).
+
+    ``/proc/<pid>/stat`` counts 10 ms ticks, too coarse for a few dozen calls of a few ms each;
+    the scheduler's own runtime (``se.sum_exec_runtime``) is exact. None where the kernel hides it.
+    """
+    total = 0.0
+    try:
+        for sched in Path(f"/proc/{pid}/task").glob("*/sched"):
+            for line in sched.read_text().splitlines():
+                if line.startswith("se.sum_exec_runtime"):
+                    total += float(line.split(":")[1])
+                    break
+            else:
+                return None
+    except (OSError, ValueError):
+        return None
+    return total
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -366,6 +386,16 @@ class Stack:
                 continue
             user, system = user + u, system + k
         return user, system
+
+    def proxy_cpu_ms(self) -> float | None:
+        """Exact on-CPU milliseconds of every proxy process (None where the kernel hides it)."""
+        total = 0.0
+        for pid in self.proxy_pids():
+            ms = cpu_ms_exact(pid)
+            if ms is None:
+                return None
+            total += ms
+        return total
 
     def proxy_rss_mb(self) -> float:
         total = 0.0
@@ -478,12 +508,14 @@ async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
 
     d_small = await timed(direct, "/v1/chat/completions", small)
     u0, s0 = stack.proxy_cpu()
+    e0 = stack.proxy_cpu_ms()
     p_small = await timed(proxied, f"{prefix}/v1/chat/completions", small)
+    e1 = stack.proxy_cpu_ms()
     u1, s1 = stack.proxy_cpu()
     out["small"] = {
         "direct": d_small,
         "proxy": p_small,
-        "cpu_ms": (u1 - u0 + s1 - s0) * 1000 / len(small),
+        "cpu_ms": _per_call(e0, e1, (u1 - u0 + s1 - s0) * 1000, len(small)),
         "user_ms": (u1 - u0) * 1000 / len(small),
         "bytes": len(small[0]),
     }
@@ -494,19 +526,21 @@ async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
     p_large: list[float] = []
     sessions = [await new_session(stack.proxy_port) for _ in anthropic]
     conns = {p: RawConn(p) for p, _ in sessions}
-    # CPU time comes in 10 ms clock ticks: measure over all attempts at once.
+    # Measured over all attempts at once (the user/kernel split comes in 10 ms ticks).
     u0, s0 = stack.proxy_cpu()
+    e0 = stack.proxy_cpu_ms()
     for (port, prefix), bodies in zip(sessions, anthropic, strict=True):
         p_large += await timed(
             conns[port], f"{prefix}/v1/messages", bodies, {"anthropic-version": "2023-06-01"}
         )
+    e1 = stack.proxy_cpu_ms()
     u1, s1 = stack.proxy_cpu()
     for conn in conns.values():
         conn.close()
     out["large"] = {
         "direct": d_large,
         "proxy": p_large,
-        "cpu_ms": (u1 - u0 + s1 - s0) * 1000 / len(p_large),
+        "cpu_ms": _per_call(e0, e1, (u1 - u0 + s1 - s0) * 1000, len(p_large)),
         "user_ms": (u1 - u0) * 1000 / len(p_large),
         "bytes": statistics.mean(len(b) for b in anthropic[0]),
     }
@@ -514,6 +548,12 @@ async def latency(stack: Stack, n_small: int, attempts: int) -> dict[str, Any]:
     proxied.close()
     out["record"] = record_sizes(stack.store_dir)
     return out
+
+
+def _per_call(exact0: float | None, exact1: float | None, ticks_ms: float, calls: int) -> float:
+    if exact0 is not None and exact1 is not None:
+        return (exact1 - exact0) / calls
+    return ticks_ms / calls
 
 
 def record_sizes(store_dir: Path) -> dict[str, float]:
@@ -741,8 +781,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
             f"proxy p50 {p[0]:6.2f} p99 {p[1]:6.2f} ms | added p50 {p[0] - d[0]:6.2f} ms"
         )
         lines.append(
-            f"proxy CPU per {size} call, one at a time{sync}: {cpu:.2f} ms = user {user:.2f} + kernel {cpu - user:.2f} "
-            f"(bar <= {bar:.0f} ms) {'OK' if cpu <= bar else 'OVER'}"
+            f"proxy CPU per {size} call, one at a time{sync}: {cpu:.2f} ms user + kernel, all threads "
+            f"(user ~{user:.2f} in 10 ms ticks) (bar <= {bar:.0f} ms) {'OK' if cpu <= bar else 'OVER'}"
         )
     if runs:
         rec = runs[-1]["record"]
