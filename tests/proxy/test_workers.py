@@ -237,3 +237,35 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+@pytest.mark.slow
+def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [PY, "-m", "fineenvs.bench", "proxy", "--workers", "2", "--sessions", "60", "--memory-sessions", "8",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    for needle in (
+        "2 proxy processes",
+        "proxy CPU per small call",
+        "proxy CPU per large call",
+        "records per 17-call attempt",
+        "capacity 60 sessions x 2 calls: 120/120 done, 0 errors OK",
+        "null relay",
+        "/health under load",
+        "memory 8 sessions",
+    ):
+        assert needle in text, (needle, text)
+    import orjson
+
+    results = orjson.loads(out.read_bytes())["results"]
+    cap = results["capacity"]
+    assert cap["proxy"]["done"] == cap["relay"]["done"] == cap["direct"]["done"] == 120
+    for run in results["latency"]:
+        assert 0 < run["small"]["cpu_ms"] < run["large"]["cpu_ms"]
+        assert len(run["small"]["proxy"]) == 200 and len(run["large"]["proxy"]) == 34
+    assert 1.0 < results["latency"][0]["record"]["ratio"]
