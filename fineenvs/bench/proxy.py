@@ -675,47 +675,74 @@ async def concurrent_load(
     return {"done": done, "errors": errors, "wall_s": wall, "throughput": done / wall}
 
 
-async def capacity(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
+async def capacity(stack: Stack, n_sessions: int, calls_each: int, repeats: int = 3) -> dict[str, Any]:
+    """Direct, through the proxy, and through a null relay, interleaved ``repeats`` times.
+
+    A run of 1,000 sessions lasts well under a second direct, so one run is at the mercy of the
+    machine's noise: each path's throughput is the median of its runs.
+    """
     sessions = [await new_session(stack.proxy_port) for _ in range(n_sessions)]
     bodies = [orjson.dumps(small_chat(i)) for i in range(n_sessions)]
-    direct = await concurrent_load(
-        stack.standin_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
-    )
-    poller = HealthPoller(stack.proxy_port)
-    await asyncio.sleep(0.3)
-    c0 = sum(stack.proxy_cpu())
-    proxied = await concurrent_load(
-        lambda i: sessions[i][0],
-        n_sessions,
-        calls_each,
-        lambda i, k: (f"{sessions[i][1]}/v1/chat/completions", bodies[i], {}),
-    )
-    cpu = (sum(stack.proxy_cpu()) - c0) * 1000 / max(1, proxied["done"])
-    health = poller.finish()
-    # The ceiling: a relay that does nothing but copy bytes, in the same run and the same load.
+    # The ceiling: a relay that does nothing but copy bytes, under the same load.
     relay_port = free_port()
     relay = subprocess.Popen(
         [sys.executable, "-m", "fineenvs.bench.proxy", "relay", "--port", str(relay_port),
          "--upstream", str(stack.standin_port)],
     )  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": [], "relay": []}
+    health: list[float] = []
+    cpu_s = relay_cpu_s = 0.0
     try:
         await wait_http(relay_port, "/health")
-        r0 = cpu_seconds(relay.pid)
-        relayed = await concurrent_load(
-            relay_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
-        )
-        relay_cpu = (cpu_seconds(relay.pid) - r0) * 1000 / max(1, relayed["done"])
+        for _ in range(repeats):
+            runs["direct"].append(
+                await concurrent_load(
+                    stack.standin_port,
+                    n_sessions,
+                    calls_each,
+                    lambda i, k: ("/v1/chat/completions", bodies[i], {}),
+                )
+            )
+            poller = HealthPoller(stack.proxy_port)
+            await asyncio.sleep(0.3)
+            c0 = sum(stack.proxy_cpu())
+            runs["proxy"].append(
+                await concurrent_load(
+                    lambda i: sessions[i][0],
+                    n_sessions,
+                    calls_each,
+                    lambda i, k: (f"{sessions[i][1]}/v1/chat/completions", bodies[i], {}),
+                )
+            )
+            cpu_s += sum(stack.proxy_cpu()) - c0
+            health += poller.finish()
+            r0 = cpu_seconds(relay.pid)
+            runs["relay"].append(
+                await concurrent_load(
+                    relay_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
+                )
+            )
+            relay_cpu_s += cpu_seconds(relay.pid) - r0
     finally:
         relay.terminate()
         relay.wait(20)
+
+    def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "done": sum(r["done"] for r in results),
+            "errors": [e for r in results for e in r["errors"]],
+            "throughput": statistics.median(r["throughput"] for r in results),
+            "runs": [r["throughput"] for r in results],
+        }
+
+    out = {name: merged(results) for name, results in runs.items()}
     return {
-        "direct": direct,
-        "proxy": proxied,
-        "relay": relayed,
-        "relay_cpu_ms": relay_cpu,
+        **out,
+        "relay_cpu_ms": relay_cpu_s * 1000 / max(1, out["relay"]["done"]),
         "health_ms": health,
-        "cpu_ms": cpu,
-        "expected": n_sessions * calls_each,
+        "cpu_ms": cpu_s * 1000 / max(1, out["proxy"]["done"]),
+        "expected": n_sessions * calls_each * repeats,
+        "repeats": repeats,
     }
 
 
@@ -754,7 +781,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await latency(stack, args.small_calls, args.attempts) for _ in range(args.repeats)
                 ]
             if "capacity" in phases:
-                results["capacity"] = await capacity(stack, args.sessions, args.calls_each)
+                results["capacity"] = await capacity(stack, args.sessions, args.calls_each, args.repeats)
             if "memory" in phases:
                 results["memory"] = await memory(stack, args.memory_sessions, args.memory_calls)
         finally:
@@ -797,7 +824,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     h99 = pct(cap["health_ms"], 0.99)
     ok = cap["proxy"]["done"] == cap["expected"] and not cap["proxy"]["errors"]
     lines.append(
-        f"capacity {args.sessions} sessions x {args.calls_each} calls: {cap['proxy']['done']}/{cap['expected']} done, "
+        f"capacity {args.sessions} sessions x {args.calls_each} calls, {cap['repeats']} runs (median): "
+        f"{cap['proxy']['done']}/{cap['expected']} done, "
         f"{len(cap['proxy']['errors'])} errors {'OK' if ok else 'FAIL'}; direct {cap['direct']['throughput']:.0f} calls/s, "
         f"proxy {cap['proxy']['throughput']:.0f} calls/s (ratio {ratio:.2f}, bar >= 0.70 {'OK' if ratio >= 0.7 else 'UNDER'}); "
         f"CPU {cap['cpu_ms']:.2f} ms/call (user + kernel, group-committed fsync)"

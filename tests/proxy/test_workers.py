@@ -254,7 +254,7 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
         "proxy CPU per small call",
         "proxy CPU per large call",
         "records per 17-call attempt",
-        "capacity 60 sessions x 2 calls: 120/120 done, 0 errors OK",
+        "capacity 60 sessions x 2 calls, 3 runs (median): 360/360 done, 0 errors OK",
         "null relay",
         "/health under load",
         "memory 8 sessions",
@@ -264,7 +264,8 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
 
     results = orjson.loads(out.read_bytes())["results"]
     cap = results["capacity"]
-    assert cap["proxy"]["done"] == cap["relay"]["done"] == cap["direct"]["done"] == 120
+    assert cap["proxy"]["done"] == cap["relay"]["done"] == cap["direct"]["done"] == 360
+    assert len(cap["proxy"]["runs"]) == 3 and cap["proxy"]["throughput"] == sorted(cap["proxy"]["runs"])[1]
     for run in results["latency"]:
         assert 0 < run["small"]["cpu_ms"] < run["large"]["cpu_ms"]
         assert len(run["small"]["proxy"]) == 200 and len(run["large"]["proxy"]) == 34
