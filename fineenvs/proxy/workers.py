@@ -9,7 +9,8 @@ How it fits together:
 
 - The main process binds the public port, runs shard 0 (model calls of its own sessions) and the
   whole control plane. It binds one more listening socket per extra worker (on the same host, at
-  ``port + k`` when the port is fixed, so a restart keeps the ``base_url`` agents hold) and starts
+  ``port + k`` when the port is fixed and free, so a restart keeps the ``base_url`` agents hold;
+  a free port otherwise) and starts
   ``python -m fineenvs.proxy.workers`` with the socket inherited and the settings in the
   environment; a worker that exits is started again on the same socket (records are durable, so a
   worker crash loses no acknowledged call).
@@ -118,13 +119,26 @@ class WorkerPool:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((host, port))
+                try:
+                    sock.bind((host, port))
+                except OSError as exc:
+                    if not port:
+                        raise
+                    # Something else holds P+k: any free port works for this run (base_url names
+                    # it); only a restart would hand that shard's agents a different port.
+                    log.warning(
+                        "proxy worker %d: %s:%d is busy (%s); using a free port instead",
+                        shard,
+                        host,
+                        port,
+                        exc,
+                    )
+                    sock.bind((host, 0))
             except OSError as exc:
                 sock.close()
                 self.close_sockets()
                 raise OSError(
-                    f"fineenvs proxy: worker {shard} cannot bind {host}:{port} ({exc}). With --workers N "
-                    f"and --port P the proxy uses ports P..P+N-1: free them or pick another --port."
+                    f"fineenvs proxy: worker {shard} cannot bind a port on {host} ({exc})."
                 ) from exc
             sock.listen(4096)
             sock.set_inheritable(True)

@@ -198,7 +198,7 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
             _chat(s["base_url"], s["key"], f"call {i}")
         (worker,) = _worker_pids(main.pid)
         os.kill(worker, signal.SIGKILL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             health = httpx.get(f"{base}/health").json()
             if health["workers"][0]["restarts"] == 1 and health["workers"][0]["alive"]:
@@ -211,8 +211,10 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
         calls = httpx.get(f"{base}/sessions/{s['session_id']}/rollout").json()["calls"]
         assert [c["index"] for c in calls] == [0, 1, 2, 3]
         assert all(c["sampled_ids"] == SAMPLED for c in calls)
+        old_workers = _worker_pids(main.pid)
     finally:
         _stop(main)
+    _wait_gone(old_workers)  # their sockets must be closed before the ports are bound again
     # The same --port and --workers after a restart: old keys reach their sessions again.
     main = _serve(standin, port, store, workers=2)
     try:
@@ -224,12 +226,16 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
         pids = _worker_pids(main.pid)
         assert len(pids) == 1
         _stop(main, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in pids):
-            assert time.monotonic() < deadline, "worker outlived its killed main process"
-            time.sleep(0.2)
+        _wait_gone(pids)
     finally:
         _stop(main)
+
+
+def _wait_gone(pids: list[int], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{p}").exists() and _state(p) != "Z" for p in pids):
+        assert time.monotonic() < deadline, f"worker processes {pids} outlived their main process"
+        time.sleep(0.2)
 
 
 def _state(pid: int) -> str:
@@ -270,3 +276,25 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
         assert 0 < run["small"]["cpu_ms"] < run["large"]["cpu_ms"]
         assert len(run["small"]["proxy"]) == 200 and len(run["large"]["proxy"]) == 34
     assert 1.0 < results["latency"][0]["record"]["ratio"]
+
+
+def test_busy_worker_port_falls_back_to_a_free_one(standin: int, tmp_path: Path) -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port + 1))
+        squatter.listen(1)
+        main = _serve(standin, port, tmp_path / "store", workers=2)
+        try:
+            (worker,) = httpx.get(f"{_port_base(port)}/health").json()["workers"]
+            assert worker["alive"] and worker["port"] != port + 1
+            s = next(
+                s
+                for s in (httpx.post(f"{_port_base(port)}/sessions", json={}).json() for _ in range(40))
+                if s["shard"] == 1
+            )
+            assert s["base_url"].startswith(f"http://127.0.0.1:{worker['port']}/s/")
+            assert _chat(s["base_url"], s["key"], "hi").choices[0].message.content
+        finally:
+            _stop(main)
