@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +104,40 @@ class Outcome:
     message: str = ""
 
 
-def _harness_ids(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, Any]:
-    ids: dict[str, Any] = {h: headers[h] for h in HARNESS_ID_HEADERS if h in headers}
+class CpuTurn:
+    """``async with``: at most ``slots`` requests do CPU work per event-loop iteration.
+
+    A burst of 1,000 arriving calls would otherwise all parse and convert in one iteration
+    (about half a second), and /health would wait behind them. (A plain class: an
+    ``asynccontextmanager`` costs a generator per use, three uses per call.)
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = asyncio.Semaphore(slots)
+
+    async def __aenter__(self) -> None:
+        await self.slots.acquire()
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.slots.release()
+
+
+_HARNESS_ID_SET = frozenset(HARNESS_ID_HEADERS)
+
+
+def _harness_ids(raw_headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> dict[str, Any]:
+    # One pass over the raw ASGI headers (names arrive lower-cased); the first value wins, as in
+    # Starlette's Headers, whose lookups would scan the list once per name.
+    ids: dict[str, Any] = {}
+    for raw_name, raw_value in raw_headers:
+        name = raw_name.decode("latin-1")
+        if name in _HARNESS_ID_SET and name not in ids:
+            ids[name] = raw_value.decode("latin-1")
     for key in ("user", "_session_id", "prompt_cache_key"):
         if isinstance(body.get(key), str):
             ids[f"body.{key}"] = body[key]
@@ -136,7 +168,7 @@ class ProxyApp:
         self.tasks: set[asyncio.Task[Outcome]] = set()
         self.aux_calls = 0
         self.upstream_slots = asyncio.Semaphore(settings.max_upstream_concurrency)
-        self.cpu_slots = asyncio.Semaphore(CPU_SLOTS)
+        self.cpu_turn = CpuTurn(CPU_SLOTS)
         self.intake_slots = asyncio.Semaphore(INTAKE_SLOTS)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -195,7 +227,7 @@ class ProxyApp:
                 return self._error(
                     dialect, 408, f"the request body did not arrive within {self.settings.body_timeout_s} s."
                 )
-            async with self._cpu_turn():
+            async with self.cpu_turn:
                 prepared = self._prepare(request, path, path_key, raw)
             del raw  # keep only the converted request while the engine works
         if isinstance(prepared, Response):
@@ -217,19 +249,8 @@ class ProxyApp:
         if canonical.stream:
             return await self._stream(task, dialect, canonical, reply_model)
         outcome = await asyncio.shield(task)
-        async with self._cpu_turn():
+        async with self.cpu_turn:
             return self._reply(dialect, canonical, outcome, reply_model)
-
-    @asynccontextmanager
-    async def _cpu_turn(self) -> AsyncIterator[None]:
-        """Let at most ``cpu_slots`` requests do CPU work per event-loop iteration.
-
-        A burst of 1,000 arriving calls would otherwise all parse and convert in one iteration
-        (about half a second), and /health would wait behind them.
-        """
-        async with self.cpu_slots:
-            await asyncio.sleep(0)
-            yield
 
     def _prepare(
         self, request: Request, path: str, path_key: str | None, raw: bytes | None
@@ -311,7 +332,7 @@ class ProxyApp:
                 "max_tokens_applied": engine_req.body["max_tokens"],
                 "request_params": params,
                 "dialect_state": canonical.state,
-                "harness_ids": _harness_ids(headers, body),
+                "harness_ids": _harness_ids(request.scope["headers"], body),
                 "notes": [*canonical.notes, *engine_req.notes],
             },
         )
@@ -358,7 +379,7 @@ class ProxyApp:
                 async with self.upstream_slots:
                     resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
                 call.payload = b""  # answered: free it before waiting for a CPU turn
-                async with self._cpu_turn():
+                async with self.cpu_turn:
                     result = decode_reply(
                         resp,
                         attempts=attempts,
@@ -400,7 +421,7 @@ class ProxyApp:
                 },
             }
             try:
-                async with self._cpu_turn():
+                async with self.cpu_turn:
                     line = self.store.encode_call(
                         session.session_id,
                         f"c{index:05d}",

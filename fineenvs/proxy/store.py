@@ -93,6 +93,7 @@ class CallStore:
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._indexes: dict[str, SessionIndex] = {}
+        self._log_paths: dict[str, Path] = {}
         self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._pending: list[_Write] = []
         self._fsync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fineenvs-fsync")
@@ -249,11 +250,15 @@ class CallStore:
             path.unlink(missing_ok=True)
         directory.rmdir()
         self._indexes.pop(session_id, None)
+        self._log_paths.pop(session_id, None)
 
     # -- appending -----------------------------------------------------------------------------
 
     def _log_path(self, session_id: str) -> Path:
-        return self.session_dir(session_id) / "calls.jsonl"
+        path = self._log_paths.get(session_id)
+        if path is None:
+            path = self._log_paths[session_id] = self.session_dir(session_id) / "calls.jsonl"
+        return path
 
     def _index(self, session_id: str) -> SessionIndex:
         index = self._indexes.get(session_id)

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from fineenvs.bench.proxy import SAMPLED, free_port
+from fineenvs.bench.proxy import SAMPLED, free_port, free_ports
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.proxy.workers import settings_from_json, settings_to_json, shard_of
 
@@ -124,9 +124,7 @@ def _port_base(port: int) -> str:
 
 
 def test_sessions_shard_over_workers_and_control_plane_sees_all(standin: int, tmp_path: Path) -> None:
-    port = free_port()
-    while any(_port_in_use(port + k) for k in range(1, 3)):
-        port = free_port()
+    port = free_ports(3)
     main = _serve(standin, port, tmp_path / "store")
     base = _port_base(port)
     try:
@@ -176,17 +174,8 @@ def test_sessions_shard_over_workers_and_control_plane_sees_all(standin: int, tm
     assert not _worker_pids(main.pid)
 
 
-def _port_in_use(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp_path: Path) -> None:
-    port = free_port()
-    while any(_port_in_use(port + k) for k in range(1, 2)):
-        port = free_port()
+    port = free_ports(2)
     store = tmp_path / "store"
     main = _serve(standin, port, store, workers=2)
     base = _port_base(port)
@@ -281,7 +270,7 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
 def test_busy_worker_port_falls_back_to_a_free_one(standin: int, tmp_path: Path) -> None:
     import socket
 
-    port = free_port()
+    port = free_ports(2)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port + 1))
         squatter.listen(1)
