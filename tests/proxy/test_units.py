@@ -140,6 +140,17 @@ def test_read_text_parses_only_what_earlier_prompts_did_not_have(
         index.add(f"c{call}", got.data, got.n, got.chain, got.data)
         index.add_text(got)
         call += 1
+    # Another branch in between (a subagent sharing the first blocks), then the first branch again:
+    # the boundaries of the last prompt match two blocks, the rest is found by scanning.
+    other = base[: 2 * BLOCK] + rng.integers(0, 151_000, 2 * BLOCK).tolist()
+    for prompt, expect_parsed in ((other, 2 * BLOCK), (base + [1, 2, 3, 4], 37 + 4)):
+        parsed.clear()
+        got = index.read_text(_text(prompt, sep))
+        assert got is not None and parsed == [expect_parsed]
+        assert got.chain == Prompt.from_ids(prompt).chain
+        index.add(f"c{call}", got.data, got.n, got.chain, got.data)
+        index.add_text(got)
+        call += 1
     assert index.read_text(_text(base[:10]) + b",1.5") is None
     assert index.read_text(_text(base) + b",-3") is None
     assert index.read_text(b"") is not None
