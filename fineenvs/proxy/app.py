@@ -8,6 +8,7 @@ budget and context overflow answered with a valid, non-empty stop reply (streame
 body size limit (413) and JSON errors (400) in the caller's format; auxiliary routes answered and
 never recorded; streaming replies with keep-alives while the engine works; every recorded call
 flushed to disk before its reply is sent, by a task that a client disconnect cannot cancel.
+Sessions sharded over several processes: ``fineenvs.proxy.workers`` (``serve --workers N``).
 
 What is not covered: the Responses WebSocket transport (codex falls back to HTTPS), per-session
 engines, TLS (bind loopback or put a TLS terminator in front).
