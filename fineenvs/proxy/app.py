@@ -17,6 +17,7 @@ engines, TLS (bind loopback or put a TLS terminator in front).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -514,17 +515,18 @@ def create_proxy_app(
     pool's worker process.
     """
     settings.validate()
+    pool = None
+    if shard is None and settings.workers > 1:
+        from fineenvs.proxy.workers import WorkerPool, share_of_engine
+
+        pool = WorkerPool(settings, log_level=log_level)
+        shard = (0, settings.workers)
+        settings = dataclasses.replace(settings, max_upstream_concurrency=share_of_engine(settings))
     engine: EngineClient = (
         HttpxEngine(upstream)
         if upstream is not None
         else RawEngine(settings.upstream_url, max_connections=settings.max_upstream_concurrency)
     )
-    pool = None
-    if shard is None and settings.workers > 1:
-        from fineenvs.proxy.workers import WorkerPool
-
-        pool = WorkerPool(settings, log_level=log_level)
-        shard = (0, settings.workers)
     proxy = ProxyApp(settings, engine, store, shard=shard or (0, 1))
     control = ControlPlane(proxy, pool)
 

@@ -59,6 +59,11 @@ def shard_of(session_id: str, shards: int) -> int:
     return int.from_bytes(digest, "big") % shards
 
 
+def share_of_engine(settings: ProxySettings) -> int:
+    """Engine connections per process, so that all of them together keep the configured bound."""
+    return max(1, -(-settings.max_upstream_concurrency // settings.workers))
+
+
 def new_session_id() -> str:
     return "s" + secrets.token_hex(12)
 
@@ -83,6 +88,8 @@ class Worker:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    quick_exits: int = 0  # exits in a row within 10 s of starting: restarts back off
+    retry_at: float = 0.0
 
     @property
     def port(self) -> int:
@@ -145,9 +152,11 @@ class WorkerPool:
             self.workers.append(Worker(shard, sock))
 
     def _spawn(self, worker: Worker) -> None:
-        per_worker = max(1, -(-self.settings.max_upstream_concurrency // self.shards))
         settings = dataclasses.replace(
-            self.settings, admin_key=self.internal_key, port=worker.port, max_upstream_concurrency=per_worker
+            self.settings,
+            admin_key=self.internal_key,
+            port=worker.port,
+            max_upstream_concurrency=share_of_engine(self.settings),
         )
         spec = {
             "settings": settings_to_json(settings),
@@ -173,14 +182,24 @@ class WorkerPool:
     async def run_monitor(self) -> None:
         """Start again any worker that exited (its socket stays bound, so agents just retry)."""
         while not self._stopping:
+            now = time.time()
             for worker in self.workers:
-                if worker.proc is not None and worker.proc.poll() is not None and not self._stopping:
+                if worker.proc is None or worker.proc.poll() is None or self._stopping:
+                    continue
+                if worker.retry_at == 0.0:
+                    quick = now - worker.started_at < 10
+                    worker.quick_exits = worker.quick_exits + 1 if quick else 0
+                    delay = min(30.0, 0.5 * 2**worker.quick_exits) if quick else 0.0
+                    worker.retry_at = now + delay
                     log.error(
-                        "proxy worker %d exited with %s; starting it again",
+                        "proxy worker %d exited with %s; starting it again in %.1f s",
                         worker.shard,
                         worker.proc.returncode,
+                        delay,
                     )
+                if now >= worker.retry_at:
                     worker.restarts += 1
+                    worker.retry_at = 0.0
                     self._spawn(worker)
             await asyncio.sleep(0.5)
 
