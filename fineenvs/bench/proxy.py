@@ -87,7 +87,9 @@ def _standin_reply(body: bytes) -> bytes:
     )
 
 
-async def _standin_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _standin_conn(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float = 0.0
+) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -97,7 +99,10 @@ async def _standin_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
                     length = int(line[15:])
             body = await reader.readexactly(length) if length else b""
             path = head.split(b" ", 2)[1]
-            reply = _standin_reply(body) if path.startswith(b"/v1/chat/completions") else b'{"status":"ok"}'
+            chat = path.startswith(b"/v1/chat/completions")
+            if chat and delay_s:
+                await asyncio.sleep(delay_s)  # an engine at work: time passes, no CPU is spent
+            reply = _standin_reply(body) if chat else b'{"status":"ok"}'
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
                 % len(reply)
@@ -150,9 +155,12 @@ def _run_fast(coro: Any) -> None:
         asyncio.run(coro)
 
 
-def run_standin(port: int) -> None:
+def run_standin(port: int, delay_ms: float = 0.0) -> None:
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _standin_conn(reader, writer, delay_ms / 1000)
+
     async def serve() -> None:
-        server = await asyncio.start_server(_standin_conn, HOST, port, backlog=4096, limit=1 << 20)
+        server = await asyncio.start_server(conn, HOST, port, backlog=4096, limit=1 << 20)
         async with server:
             await server.serve_forever()
 
@@ -434,29 +442,42 @@ def free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports on {HOST}")
 
 
-async def start_stack(store_dir: Path, *, fsync: bool, workers: int = 1) -> Stack:
+async def start_stack(
+    store_dir: Path, *, fsync: bool, workers: int = 1, engine_delay_ms: float = 0.0
+) -> Stack:
     stack = Stack(free_port(), free_ports(workers), store_dir)
     try:
-        return await _start_stack(stack, fsync=fsync, workers=workers)
+        return await _start_stack(stack, fsync=fsync, workers=workers, engine_delay_ms=engine_delay_ms)
     except BaseException:
         stack.stop()
         raise
 
 
-async def _start_stack(stack: Stack, *, fsync: bool, workers: int) -> Stack:
+async def _start_stack(stack: Stack, *, fsync: bool, workers: int, engine_delay_ms: float) -> Stack:
     store_dir = stack.store_dir
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     stack.procs.append(
         subprocess.Popen(
-            [sys.executable, "-m", "fineenvs.bench.proxy", "standin", "--port", str(stack.standin_port)],
+            [
+                sys.executable,
+                "-m",
+                "fineenvs.bench.proxy",
+                "standin",
+                "--port",
+                str(stack.standin_port),
+                "--delay-ms",
+                str(engine_delay_ms),
+            ],
             env=env,
-        )
+        )  # fmt: skip
     )
     cmd = [
         sys.executable, "-m", "fineenvs.proxy", "serve",
         "--engine-url", f"http://{HOST}:{stack.standin_port}", "--served-model", "standin",
         "--port", str(stack.proxy_port), "--store-dir", str(store_dir), "--max-model-calls", "1000000",
         "--keepalive-seconds", "30", "--workers", str(workers),
+        # As many engine connections as the direct path opens (the default, 256, is vLLM's batch).
+        "--max-upstream-concurrency", "1024",
     ]  # fmt: skip
     if not fsync:
         cmd.append("--no-fsync")
@@ -675,7 +696,9 @@ async def concurrent_load(
     return {"done": done, "errors": errors, "wall_s": wall, "throughput": done / wall}
 
 
-async def capacity(stack: Stack, n_sessions: int, calls_each: int, repeats: int = 3) -> dict[str, Any]:
+async def capacity(
+    stack: Stack, n_sessions: int, calls_each: int, repeats: int = 3, *, relay: bool = True
+) -> dict[str, Any]:
     """Direct, through the proxy, and through a null relay, interleaved ``repeats`` times.
 
     A run of 1,000 sessions lasts well under a second direct, so one run is at the mercy of the
@@ -685,15 +708,28 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int, repeats: int 
     bodies = [orjson.dumps(small_chat(i)) for i in range(n_sessions)]
     # The ceiling: a relay that does nothing but copy bytes, under the same load.
     relay_port = free_port()
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "fineenvs.bench.proxy", "relay", "--port", str(relay_port),
-         "--upstream", str(stack.standin_port)],
-    )  # fmt: skip
+    relay_proc = (
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fineenvs.bench.proxy",
+                "relay",
+                "--port",
+                str(relay_port),
+                "--upstream",
+                str(stack.standin_port),
+            ],
+        )  # fmt: skip
+        if relay
+        else None
+    )
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": [], "relay": []}
     health: list[float] = []
     cpu_s = relay_cpu_s = 0.0
     try:
-        await wait_http(relay_port, "/health")
+        if relay_proc is not None:
+            await wait_http(relay_port, "/health")
         for _ in range(repeats):
             runs["direct"].append(
                 await concurrent_load(
@@ -716,16 +752,19 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int, repeats: int 
             )
             cpu_s += sum(stack.proxy_cpu()) - c0
             health += poller.finish()
-            r0 = cpu_seconds(relay.pid)
+            if relay_proc is None:
+                continue
+            r0 = cpu_seconds(relay_proc.pid)
             runs["relay"].append(
                 await concurrent_load(
                     relay_port, n_sessions, calls_each, lambda i, k: ("/v1/chat/completions", bodies[i], {})
                 )
             )
-            relay_cpu_s += cpu_seconds(relay.pid) - r0
+            relay_cpu_s += cpu_seconds(relay_proc.pid) - r0
     finally:
-        relay.terminate()
-        relay.wait(20)
+        if relay_proc is not None:
+            relay_proc.terminate()
+            relay_proc.wait(20)
 
     def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -735,15 +774,31 @@ async def capacity(stack: Stack, n_sessions: int, calls_each: int, repeats: int 
             "runs": [r["throughput"] for r in results],
         }
 
-    out = {name: merged(results) for name, results in runs.items()}
+    out = {name: merged(results) for name, results in runs.items() if results}
     return {
         **out,
-        "relay_cpu_ms": relay_cpu_s * 1000 / max(1, out["relay"]["done"]),
+        "relay_cpu_ms": relay_cpu_s * 1000 / max(1, out["relay"]["done"]) if "relay" in out else None,
         "health_ms": health,
         "cpu_ms": cpu_s * 1000 / max(1, out["proxy"]["done"]),
         "expected": n_sessions * calls_each * repeats,
         "repeats": repeats,
     }
+
+
+async def paced(store_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Supplementary: the capacity load against an engine that takes ``--engine-delay-ms`` per call.
+
+    Not the issue's bar (that one is against the instant stand-in); it shows what a real engine
+    turns the comparison into: whether 1,000 agents lose throughput to the proxy when CPU is not
+    the limit.
+    """
+    stack = await start_stack(
+        store_dir, fsync=not args.no_fsync, workers=args.workers, engine_delay_ms=args.engine_delay_ms
+    )
+    try:
+        return await capacity(stack, args.sessions, args.calls_each, repeats=1, relay=False)
+    finally:
+        stack.stop()
 
 
 async def memory(stack: Stack, n_sessions: int, calls_each: int) -> dict[str, Any]:
@@ -786,6 +841,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["memory"] = await memory(stack, args.memory_sessions, args.memory_calls)
         finally:
             stack.stop()
+        if "paced" in phases and args.engine_delay_ms > 0:
+            results["paced"] = await paced(Path(tmp) / "store-paced", args)
     return results
 
 
@@ -848,10 +905,25 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     return lines + _memory_lines(results, args)
 
 
+def _paced_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    paced_run = results.get("paced")
+    if paced_run is None:
+        return []
+    ratio = paced_run["proxy"]["throughput"] / paced_run["direct"]["throughput"]
+    ok = paced_run["proxy"]["done"] == paced_run["expected"] and not paced_run["proxy"]["errors"]
+    return [
+        f"supplementary, engine taking {args.engine_delay_ms:.0f} ms per call (not the bar, which is against the "
+        f"instant stand-in): {paced_run['proxy']['done']}/{paced_run['expected']} done, "
+        f"{len(paced_run['proxy']['errors'])} errors {'OK' if ok else 'FAIL'}; direct "
+        f"{paced_run['direct']['throughput']:.0f} calls/s, proxy {paced_run['proxy']['throughput']:.0f} calls/s "
+        f"(ratio {ratio:.2f}); /health p99 {pct(paced_run['health_ms'], 0.99):.1f} ms"
+    ]
+
+
 def _memory_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     mem = results.get("memory")
     if mem is None:
-        return []
+        return _paced_lines(results, args)
     lines = []
     lines.append(
         f"memory {args.memory_sessions} sessions x {args.memory_calls} x 200 KB: {mem['done']}/{mem['expected']} done, "
@@ -860,7 +932,7 @@ def _memory_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str
     )
     if mem["errors"]:
         lines.append(f"  first error: {mem['errors'][0]}")
-    return lines
+    return lines + _paced_lines(results, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -874,8 +946,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--phases",
-        default="latency,capacity,memory",
-        help="comma-separated subset of latency,capacity,memory",
+        default="latency,capacity,memory,paced",
+        help="comma-separated subset of latency,capacity,memory,paced",
+    )
+    parser.add_argument(
+        "--engine-delay-ms",
+        type=float,
+        default=1000.0,
+        help="paced phase: engine time per call (a real agent turn takes seconds; 0 skips the phase)",
     )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     return parser
@@ -884,7 +962,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["standin"]:
-        run_standin(int(argv[argv.index("--port") + 1]))
+        delay = float(argv[argv.index("--delay-ms") + 1]) if "--delay-ms" in argv else 0.0
+        run_standin(int(argv[argv.index("--port") + 1]), delay)
         return 0
     if argv[:1] == ["relay"]:
         run_relay(int(argv[argv.index("--port") + 1]), int(argv[argv.index("--upstream") + 1]))

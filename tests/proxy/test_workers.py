@@ -253,6 +253,7 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
         "null relay",
         "/health under load",
         "memory 8 sessions",
+        "supplementary, engine taking 1000 ms per call",
     ):
         assert needle in text, (needle, text)
     import orjson
@@ -265,6 +266,10 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
         assert 0 < run["small"]["cpu_ms"] < run["large"]["cpu_ms"]
         assert len(run["small"]["proxy"]) == 200 and len(run["large"]["proxy"]) == 34
     assert 1.0 < results["latency"][0]["record"]["ratio"]
+    paced = results["paced"]
+    assert paced["proxy"]["done"] == paced["direct"]["done"] == 120 and "relay" not in paced
+    # 2 calls of 1 s each: neither path can finish faster than the engine allows.
+    assert paced["direct"]["throughput"] < 60 * 2 / 2.0 * 1.05
 
 
 def test_busy_worker_port_falls_back_to_a_free_one(standin: int, tmp_path: Path) -> None:
