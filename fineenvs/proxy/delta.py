@@ -162,6 +162,8 @@ class TokenIndex:
             cuts.append(end)
             start = end + 1
         known_blocks = len(cuts)
+        if start == size:
+            return None  # a comma right after a known block, then nothing: not a list of ids
         # Then scan the rest for block boundaries.
         rest = np.frombuffer(text, dtype=np.uint8, offset=min(start, size)) if start < size else None
         n = known_blocks * BLOCK

@@ -60,8 +60,8 @@ def shard_of(session_id: str, shards: int) -> int:
 
 
 def share_of_engine(settings: ProxySettings) -> int:
-    """Engine connections per process, so that all of them together keep the configured bound."""
-    return max(1, -(-settings.max_upstream_concurrency // settings.workers))
+    """Engine connections per process: together within the configured bound (at least one each)."""
+    return max(1, settings.max_upstream_concurrency // settings.workers)
 
 
 def new_session_id() -> str:
@@ -168,8 +168,13 @@ class WorkerPool:
         }
         env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
         env.pop("FINEENVS_ADMIN_KEY", None)
+        # A session of its own: Ctrl-C in the terminal reaches only the main process, which stops
+        # the workers itself (a worker killed by the terminal would be restarted mid-shutdown).
         worker.proc = subprocess.Popen(
-            [sys.executable, "-m", "fineenvs.proxy.workers"], env=env, pass_fds=(worker.sock.fileno(),)
+            [sys.executable, "-m", "fineenvs.proxy.workers"],
+            env=env,
+            pass_fds=(worker.sock.fileno(),),
+            start_new_session=True,
         )
         worker.started_at = time.time()
 
@@ -280,10 +285,12 @@ class WorkerPool:
         for attempt in range(20):
             try:
                 return await self.client.request(method, url, content=body, headers=headers)
-            except httpx.TransportError:
+            except httpx.ConnectError:
+                # Nothing reached the worker, so a retry cannot apply anything twice (a request that
+                # may have arrived, e.g. a create whose reply was lost, is not retried).
                 if attempt == 19:
                     raise
-                await asyncio.sleep(0.25)  # a worker being restarted: its socket queues us meanwhile
+                await asyncio.sleep(0.25)
         raise AssertionError("unreachable")
 
     def status(self) -> list[dict[str, Any]]:

@@ -152,6 +152,7 @@ def test_read_text_parses_only_what_earlier_prompts_did_not_have(
         index.add_text(got)
         call += 1
     assert index.read_text(_text(base[:10]) + b",1.5") is None
+    assert index.read_text(_text(base[: 2 * BLOCK]) + b",") is None  # trailing comma after known blocks
     assert index.read_text(_text(base) + b",-3") is None
     assert index.read_text(b"") is not None
 

@@ -297,6 +297,6 @@ def test_busy_worker_port_falls_back_to_a_free_one(standin: int, tmp_path: Path)
 def test_engine_connections_are_split_over_the_processes() -> None:
     from fineenvs.proxy.workers import share_of_engine
 
-    assert share_of_engine(ProxySettings(max_upstream_concurrency=256, workers=3)) == 86
+    assert share_of_engine(ProxySettings(max_upstream_concurrency=256, workers=3)) == 85
     assert share_of_engine(ProxySettings(max_upstream_concurrency=2, workers=4)) == 1
     assert share_of_engine(ProxySettings(max_upstream_concurrency=256, workers=1)) == 256
