@@ -330,6 +330,18 @@ def cpu_ms_exact(pid: int) -> float | None:
     return total
 
 
+def child_pids(parent: int) -> list[int]:
+    """Processes whose parent is ``parent`` (from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -374,15 +386,7 @@ class Stack:
 
     def proxy_pids(self) -> list[int]:
         """The proxy's main process and its worker processes (``--workers``)."""
-        main = self.proxy_pid
-        pids = [main]
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == main:
-                    pids.append(int(stat.parent.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        return pids
+        return [self.proxy_pid, *child_pids(self.proxy_pid)]
 
     def proxy_cpu(self) -> tuple[float, float]:
         """User and system CPU seconds of every proxy process together."""

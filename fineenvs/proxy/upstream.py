@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,9 +337,3 @@ def decode_reply(
     except orjson.JSONDecodeError as exc:
         raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
     return parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt=prompt)
-
-
-async def call_engine(client: EngineClient, settings: ProxySettings, body: dict[str, Any]) -> EngineResult:
-    start = time.perf_counter()
-    resp, attempts = await post_with_retries(client, settings, orjson.dumps(body))
-    return decode_reply(resp, attempts=attempts, upstream_s=time.perf_counter() - start)

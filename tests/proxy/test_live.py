@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from processes import stop, wait_ok
 from tokenizers import Tokenizer
 
 from fineenvs.bench.proxy import RawConn, free_port
@@ -33,35 +33,14 @@ pytestmark = pytest.mark.slow
 PY = sys.executable
 
 
-def _wait(url: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not come up within {timeout} s")
-
-
 def _start_proxy(engine_port: int, port: int, store: Path, *extra: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [PY, "-m", "fineenvs.proxy", "serve", "--engine-url", f"http://127.0.0.1:{engine_port}",
          "--served-model", "tiny_qwen", "--port", str(port), "--store-dir", str(store), *extra],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    _wait(f"http://127.0.0.1:{port}/health", 60)
+    wait_ok(f"http://127.0.0.1:{port}/health", 60)
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +52,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     )  # fmt: skip
     proxy = None
     try:
-        _wait(f"http://127.0.0.1:{engine_port}/v1/models")
+        wait_ok(f"http://127.0.0.1:{engine_port}/v1/models", 180)
         proxy = _start_proxy(engine_port, proxy_port, tmp_path_factory.mktemp("store"))
         yield {"engine": f"http://127.0.0.1:{engine_port}", "proxy": f"http://127.0.0.1:{proxy_port}"}
     finally:
         if proxy is not None:
-            _stop(proxy)
-        _stop(engine)
+            stop(proxy)
+        stop(engine)
 
 
 def _session(live: dict[str, Any], **meta: Any) -> dict[str, Any]:
@@ -275,5 +254,5 @@ def test_sigkill_mid_run_loses_no_acknowledged_call(tmp_path: Path) -> None:
         assert calls[-1]["request"]["messages"][-1]["content"] == "after restart"
         assert len({c["call_id"] for c in calls}) == len(calls)
     finally:
-        _stop(proxy)
-        _stop(standin)
+        stop(proxy)
+        stop(standin)

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from processes import stop, wait_ok
 
-from fineenvs.bench.proxy import SAMPLED, free_port, free_ports
+from fineenvs.bench.proxy import SAMPLED, child_pids, free_port, free_ports
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.proxy.workers import settings_from_json, settings_to_json, shard_of
 
@@ -52,39 +53,15 @@ def test_workers_setting_is_validated() -> None:
         ProxySettings(workers=0).validate()
 
 
-def _wait(url: str, timeout: float = 60.0) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r = httpx.get(url, timeout=2)
-            if r.status_code == 200:
-                return r
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not answer within {timeout} s")
-        time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def standin() -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen([PY, "-m", "fineenvs.bench.proxy", "standin", "--port", str(port)])
     try:
-        _wait(f"http://127.0.0.1:{port}/health")
+        wait_ok(f"http://127.0.0.1:{port}/health")
         yield port
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _serve(engine: int, port: int, store: Path, workers: int = 3) -> subprocess.Popen[bytes]:
@@ -94,7 +71,7 @@ def _serve(engine: int, port: int, store: Path, workers: int = 3) -> subprocess.
          "--workers", str(workers)],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    _wait(f"http://127.0.0.1:{port}/health")
+    wait_ok(f"http://127.0.0.1:{port}/health")
     return proc
 
 
@@ -105,18 +82,6 @@ def _chat(base_url: str, key: str, text: str) -> Any:
     return client.chat.completions.create(
         model="agent-asks-this", messages=[{"role": "user", "content": text}]
     )
-
-
-def _worker_pids(main: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == main:
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def _port_base(port: int) -> str:
@@ -166,12 +131,12 @@ def test_sessions_shard_over_workers_and_control_plane_sees_all(standin: int, tm
         assert r.status_code == 401
         assert httpx.get(f"{base}/sessions/nope").status_code == 404
     finally:
-        _stop(main)
+        stop(main)
     assert main.returncode is not None
     deadline = time.monotonic() + 10
-    while _worker_pids(main.pid) and time.monotonic() < deadline:
+    while child_pids(main.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _worker_pids(main.pid)
+    assert not child_pids(main.pid)
 
 
 def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp_path: Path) -> None:
@@ -185,7 +150,7 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
         )
         for i in range(3):
             _chat(s["base_url"], s["key"], f"call {i}")
-        (worker,) = _worker_pids(main.pid)
+        (worker,) = child_pids(main.pid)
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 90
         while True:
@@ -194,15 +159,15 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
                 break
             assert time.monotonic() < deadline, health
             time.sleep(0.2)
-        _wait(f"{_port_base(port + 1)}/health")
+        wait_ok(f"{_port_base(port + 1)}/health")
         reply = _chat(s["base_url"], s["key"], "after the crash")  # same base_url, same key
         assert reply.choices[0].message.content
         calls = httpx.get(f"{base}/sessions/{s['session_id']}/rollout").json()["calls"]
         assert [c["index"] for c in calls] == [0, 1, 2, 3]
         assert all(c["sampled_ids"] == SAMPLED for c in calls)
-        old_workers = _worker_pids(main.pid)
+        old_workers = child_pids(main.pid)
     finally:
-        _stop(main)
+        stop(main)
     _wait_gone(old_workers)  # their sockets must be closed before the ports are bound again
     # The same --port and --workers after a restart: old keys reach their sessions again.
     main = _serve(standin, port, store, workers=2)
@@ -212,12 +177,12 @@ def test_killed_worker_is_restarted_and_loses_no_recorded_call(standin: int, tmp
         stats = httpx.get(f"{base}/sessions/{s['session_id']}").json()
         assert stats["recorded_calls"] == 5
         # A main process killed outright takes its workers with it (they watch their parent).
-        pids = _worker_pids(main.pid)
+        pids = child_pids(main.pid)
         assert len(pids) == 1
-        _stop(main, signal.SIGKILL)
+        stop(main, signal.SIGKILL)
         _wait_gone(pids)
     finally:
-        _stop(main)
+        stop(main)
 
 
 def _wait_gone(pids: list[int], timeout: float = 60.0) -> None:
@@ -291,7 +256,7 @@ def test_busy_worker_port_falls_back_to_a_free_one(standin: int, tmp_path: Path)
             assert s["base_url"].startswith(f"http://127.0.0.1:{worker['port']}/s/")
             assert _chat(s["base_url"], s["key"], "hi").choices[0].message.content
         finally:
-            _stop(main)
+            stop(main)
 
 
 def test_engine_connections_are_split_over_the_processes() -> None:
