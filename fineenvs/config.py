@@ -56,7 +56,7 @@ class EngineKind(enum.Enum):
 
 
 class WeightSyncKind(enum.Enum):
-    auto = "auto"  # nccl for a launched vLLM, http for the embedded engine
+    auto = "auto"  # reload for vLLM, http for the embedded engine, none when nothing trains
     nccl = "nccl"  # vLLM native weight transfer (VLLM_SERVER_DEV_MODE=1)
     reload = "reload"  # save a checkpoint, vLLM reloads it from disk
     http = "http"  # embedded engine: POST /update_weights_from_path
@@ -170,6 +170,10 @@ class EngineSpec:
     health_timeout_seconds: float = 900.0
     max_queue: int = 256
     """Embedded engine: requests waiting beyond this get a 503."""
+    devices: list[str] = field(default_factory=list)
+    """GPUs a launched vLLM gets (indices or UUIDs from ``nvidia-smi -L``), as its
+    ``CUDA_VISIBLE_DEVICES``; empty: the last TP x DP GPUs when training (the trainer keeps the
+    others), the first ones otherwise. Overlapping the trainer's GPUs is refused."""
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -561,10 +565,10 @@ def _check_engine(run: RunConfig) -> list[str]:
             f"engine.host is {e.host}: a launched engine (vLLM dev routes included) must bind loopback; its "
             "weight routes are unauthenticated. Fix: engine.host=127.0.0.1"
         )
-    if run.model.source is ModelSource.tiny and e.kind is EngineKind.vllm and not e.url:
+    if e.devices and (e.kind is not EngineKind.vllm or e.url):
         out.append(
-            f"model={run.model.name} is a tiny local model for the embedded engine; vLLM serves real "
-            "checkpoints. Fix: engine=transformers"
+            "engine.devices names the GPUs of a launched vLLM; this job launches none (engine=transformers "
+            "or engine.url set). Fix: engine.devices=[]"
         )
     return out
 

@@ -29,7 +29,11 @@ def _runner(job: Job) -> Callable[[RunConfig], float | None]:
 def run_job(run: RunConfig) -> float | None:
     """Run the configured job; returns the sweep objective (mean reward or pass@1) when there is one."""
     from fineenvs.rl import RunAborted
+    from fineenvs.stack import apply_trainer_devices
 
+    trainer_gpus = apply_trainer_devices(run)  # before anything starts CUDA in this process
+    if trainer_gpus is not None:
+        print(f"trainer GPUs: CUDA_VISIBLE_DEVICES={trainer_gpus}", flush=True)
     try:
         runner = _runner(run.job)
     except ImportError as err:

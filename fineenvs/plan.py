@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import shutil
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from fineenvs.config import (
@@ -20,44 +21,100 @@ from fineenvs.config import (
 
 
 def effective_weight_sync(run: RunConfig) -> WeightSyncKind:
-    """What ``engine.weight_sync=auto`` means for this job."""
+    """What ``engine.weight_sync=auto`` means for this job (``weight_sync_reason`` says why)."""
     ws = run.engine.weight_sync
     if ws is not WeightSyncKind.auto:
         return ws
-    if run.job in (Job.eval, Job.collect_teacher):
+    if run.job in (Job.eval, Job.collect_teacher, Job.sft):
         return WeightSyncKind.none
     if run.engine.kind is EngineKind.transformers:
         return WeightSyncKind.http
-    return WeightSyncKind.reload if run.engine.url else WeightSyncKind.nccl
+    return WeightSyncKind.reload
+
+
+def weight_sync_reason(run: RunConfig) -> str:
+    """Why the job pushes weights the way it does (printed in the plan)."""
+    sync = effective_weight_sync(run)
+    chosen = run.engine.weight_sync is not WeightSyncKind.auto
+    if sync is WeightSyncKind.none:
+        return "none: " + ("engine.weight_sync=none" if chosen else f"job={run.job.value} trains no policy")
+    if sync is WeightSyncKind.http:
+        return "http: the embedded engine loads each pushed checkpoint (POST /update_weights_from_path)"
+    if sync is WeightSyncKind.reload:
+        why = "engine.weight_sync=reload" if chosen else "auto"
+        return (
+            f"reload ({why}): each push writes the weights (engine dtype) into <output>/engine/weights/ and "
+            "vLLM reloads them in place (/pause?mode=keep, /collective_rpc reload_weights, "
+            "/update_weight_version, /resume); it needs nothing but the vLLM server, so it works with vLLM "
+            "in its own venv. engine.weight_sync=nccl broadcasts GPU to GPU instead (published; needs "
+            "`python -m fineenvs.engine install-vllm-client`)"
+        )
+    return (
+        "nccl: vLLM's NCCLTrainerWeightTransferEngine broadcasts the state dict GPU to GPU (the trainer "
+        "imports vLLM's trainer-side modules from `python -m fineenvs.engine install-vllm-client`)"
+    )
 
 
 def vllm_command(run: RunConfig) -> list[str]:
-    """The exact ``vllm serve`` command this job would launch."""
+    """The exact ``vllm serve`` command this job would launch (``--port 0``: a free port at launch)."""
     from fineenvs.engine.vllm import build_serve_command
 
     return build_serve_command(vllm_args(run))
 
 
-def vllm_args(run: RunConfig) -> Any:
-    """Map the typed config onto the launcher's arguments (family, parser and template by model)."""
-    from pathlib import Path
+# model.family (architecture) -> the vLLM profile used when the model's name names no family.
+_PROFILE_BY_FAMILY = {"lfm2": "lfm2_5", "qwen3_5": "qwen3_5", "attention": "generic"}
+# model.chat_template -> the profiles whose patched template it names.
+_TEMPLATE_PROFILES = {"lfm_closed_thinking": ("lfm2_5",), "qwen_no_thinking": ("qwen3_5", "qwen3_8")}
 
-    from fineenvs.engine.vllm import PROFILES, VLLMServeArgs
+
+def model_serving_path(run: RunConfig) -> str:
+    """What vLLM loads: the Hub id or directory; a tiny model's built directory."""
+    m = run.model
+    if m.source is ModelSource.tiny:
+        from fineenvs.models.tiny import tiny_model_path
+
+        return str(tiny_model_path(m.path, seed=m.seed))
+    return m.path
+
+
+def vllm_args(run: RunConfig) -> Any:
+    """Map the typed config onto the launcher's arguments.
+
+    The profile (tool parser, patched template, extra flags) comes from the model's name when it
+    names a published family (LFM2.5, Qwen3.5, Qwen3.8), else from ``model.family``;
+    ``model.chat_template=native`` serves the checkpoint's own template. The patched template is
+    written into ``<output>/engine/`` at launch, at the path the command names."""
+    from fineenvs.engine.vllm import ModelFamily, VLLMServeArgs, model_family
 
     m, e, s = run.model, run.engine, run.sampling
     sync = effective_weight_sync(run)
-    args = VLLMServeArgs(
-        model=m.path,
-        served_model_name=m.path,
+    path = model_serving_path(run)
+    served = m.name if m.source is ModelSource.tiny else m.path
+    family = model_family(m.path)
+    if family is ModelFamily.generic:
+        family = ModelFamily(_PROFILE_BY_FAMILY[m.family.value])
+    if m.chat_template in _TEMPLATE_PROFILES and family.value not in _TEMPLATE_PROFILES[m.chat_template]:
+        raise ValueError(
+            f"model.chat_template={m.chat_template} is a template for {', '.join(_TEMPLATE_PROFILES[m.chat_template])} "
+            f"models, but model={m.name} serves as {family.value} (model.family={m.family.value}). Fix: "
+            "model.chat_template=native, or the family's own template."
+        )
+    return VLLMServeArgs(
+        model=path,
+        served_model_name=served,
         revision=m.revision,
+        family=family,
         host=e.host,
-        port=e.port or 8000,
+        port=e.port,
         dtype=e.dtype or m.dtype,
         tensor_parallel_size=e.tensor_parallel_size,
         data_parallel_size=e.data_parallel_size,
         max_model_len=e.max_model_len or m.max_model_len,
         gpu_memory_utilization=e.gpu_memory_utilization,
         tool_call_parser=m.tool_call_parser,
+        chat_template_dir=Path(str(run.output_dir)) / "engine",
+        family_template=m.chat_template != "native",
         default_chat_template_kwargs=dict(m.chat_template_kwargs) or None,
         temperature=s.temperature if s.temperature > 0 else 1.0,
         top_p=s.top_p,
@@ -68,12 +125,37 @@ def vllm_args(run: RunConfig) -> Any:
         extra_args=list(e.extra_args),
         python=e.python,
     )
-    profile = PROFILES[args.resolved_family]
-    if profile.trl_template is not None:
-        # The patched template is written into the run directory at launch (engine.vllm.prepare_chat_template).
-        name = f"{args.resolved_family.value}_nothink.jinja"
-        args.chat_template = Path(str(run.output_dir)) / "engine" / name
-    return args
+
+
+def trains(run: RunConfig) -> bool:
+    """Whether this job runs a trainer next to the engine (it then needs GPUs of its own)."""
+    return run.job is Job.rl
+
+
+def device_plan(run: RunConfig, nvidia_smi: str | None = None, env: dict[str, str] | None = None) -> Any:
+    """How GPUs split between a launched vLLM and the trainer (``fineenvs.engine.devices``);
+    None when nothing is launched on a GPU. Raises ``DeviceError`` with the fix."""
+    if run.engine.kind is not EngineKind.vllm or run.engine.url:
+        return None
+    import subprocess
+
+    from fineenvs.engine.devices import parse_nvidia_smi, plan_devices, visible_from_env
+
+    smi = nvidia_smi or shutil.which("nvidia-smi")
+    listing = ""
+    if smi:
+        try:
+            listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            listing = ""
+    e = run.engine
+    return plan_devices(
+        parse_nvidia_smi(listing),
+        visible=visible_from_env(env),
+        engine_devices=[str(d) for d in e.devices],
+        needed=e.tensor_parallel_size * e.data_parallel_size,
+        training=trains(run),
+    )
 
 
 def _kv(obj: Any, indent: str = "    ") -> list[str]:
@@ -104,9 +186,26 @@ def describe_plan(run: RunConfig) -> str:
     elif e.kind is EngineKind.vllm:
         out.append(f"  engine: vllm, launched (weight sync: {sync}); serve command:")
         try:
+            args = vllm_args(run)
             out.append("    " + shlex.join(vllm_command(run)))
-        except ImportError as err:  # pragma: no cover - only while the launcher is missing
+        except (ImportError, ValueError) as err:
             out.append(f"    (serve command unavailable: {err})")
+        else:
+            if e.port == 0:
+                out.append("    (--port 0: a free port is picked at launch)")
+            if args.template_path is not None and args.chat_template is None:
+                out.append(
+                    f"    chat template: {args.template_path}, written at launch (the "
+                    f"{args.resolved_family.value} template from TRL, patched to not think)"
+                )
+            try:
+                devices = device_plan(run)
+            except ValueError as err:
+                out.append(f"    GPUs: cannot split them: {err}")
+            else:
+                out.append(f"    GPUs: {devices.reason}")
+    if e.kind is EngineKind.vllm or e.url:
+        out.append(f"    weight sync: {weight_sync_reason(run)}")
     else:
         dtype = e.dtype or m.dtype
         out.append(
@@ -168,13 +267,29 @@ def preflight(run: RunConfig) -> list[str]:
     """What this machine lacks for the job, each with how to get it; empty when ready."""
     problems: list[str] = []
     if run.engine.kind is EngineKind.vllm and not run.engine.url:
-        if not _cuda_available():
+        from fineenvs.engine.devices import DeviceError
+        from fineenvs.engine.launcher import cuda_devices
+
+        gpus, why = cuda_devices()
+        if not gpus:
             problems.append(
-                "engine=vllm launches vLLM, which needs an NVIDIA GPU with CUDA; none is visible here. "
+                f"engine=vllm launches vLLM, which needs an NVIDIA GPU with CUDA; none is usable here ({why}). "
                 "Run on a GPU machine, attach to a running server with engine.url=http://HOST:PORT, or use "
                 "the embedded engine on this machine: engine=transformers with a model it can run "
                 "(model=tiny_qwen for the CPU smoke run)."
             )
+        else:
+            try:
+                device_plan(run)
+            except DeviceError as err:
+                problems.append(str(err))
+        problems += _vllm_executable_problems(run)
+    if effective_weight_sync(run) is WeightSyncKind.nccl:
+        from fineenvs.engine.vllm_client import client_problem
+
+        problem = client_problem()
+        if problem:
+            problems.append(problem)
     if run.model.source is ModelSource.hub and run.engine.kind is EngineKind.transformers:
         problems.append(
             f"model={run.model.name} loads {run.model.path} from the Hugging Face Hub, which this machine may "
@@ -189,13 +304,22 @@ def preflight(run: RunConfig) -> list[str]:
     return problems
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
+def _vllm_executable_problems(run: RunConfig) -> list[str]:
+    from fineenvs.engine.vllm import VLLMServeArgs, vllm_executable
 
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - any import problem means no usable GPU
-        return False
+    exe = vllm_executable(VLLMServeArgs(model=run.model.path, python=run.engine.python))
+    if run.engine.python is not None and not Path(exe).is_file():
+        return [
+            f"engine.python={run.engine.python}: no vLLM console script at {exe}. Install vLLM into that venv "
+            f"(`{run.engine.python} -m pip install vllm==0.33.0`) or point engine.python at the venv that has it."
+        ]
+    if run.engine.python is None and shutil.which(exe) is None:
+        return [
+            "engine=vllm: no `vllm` on PATH. Install vLLM 0.33 into its own venv "
+            "(`python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0`) and set "
+            "engine.python=~/venvs/vllm/bin/python, or attach to a running server with engine.url=..."
+        ]
+    return []
 
 
 def _harness_problems(run: RunConfig) -> list[str]:

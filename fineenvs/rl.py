@@ -33,7 +33,14 @@ from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
-from fineenvs.stack import load_run_tasks, resolve_model_dir, reward_function, start_engine, start_proxy
+from fineenvs.stack import (
+    engine_dtype,
+    load_run_tasks,
+    resolve_model_dir,
+    reward_function,
+    start_engine,
+    start_proxy,
+)
 
 log = logging.getLogger("fineenvs.rl")
 
@@ -221,6 +228,7 @@ async def _run_rl(run: RunConfig) -> float:
     from fineenvs.harnesses import check_installed
     from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
     from fineenvs.train.grpo import CapturedGRPOTrainer
+    from fineenvs.train.lockstep import Lockstep
     from fineenvs.trajectory import RowOptions
 
     assert isinstance(run.trainer, GRPOSpec)
@@ -262,8 +270,32 @@ async def _run_rl(run: RunConfig) -> float:
     model_dir = resolve_model_dir(run)
     stats = LoopStats()
     started = time.monotonic()
+    # Every process builds the trainer (a collective under accelerate); only the main process
+    # runs the engine, the proxy and the agents, and the others replay its trainer calls.
+    trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
+    if resume is not None:
+        trainer.load_checkpoint(resume)
+        stats.steps = trainer.global_step
+    lock = Lockstep(trainer)
+    if not lock.is_main:
+        calls = await asyncio.to_thread(lock.follow)
+        log.info("process %d replayed %d trainer calls", trainer.accelerator.process_index, calls)
+        return 0.0
+    if resume is not None:
+        print(
+            f"Resumed from {resume} (step {stats.steps}, {len(state.consumed)} groups consumed)", flush=True
+        )
+    sync = effective_weight_sync(run)
+    dtype = engine_dtype(run)
+
+    def push_weights(weights_sync: Any) -> None:
+        # The state dict in the engine's dtype: NCCL broadcasts it, reload and the embedded
+        # engine stage it as a safetensors directory. A gather under FSDP: every process joins.
+        weights = lock.call("state_dict", dtype)
+        weights_sync.push(weights, trainer.policy_version)
 
     with ExitStack() as stack:
+        stack.callback(lock.stop)
         engine = start_engine(run, model_dir, out, stack)
         print(f"Built engine {engine.kind} on {engine.url} serving {engine.served_model_name}", flush=True)
         report = await asyncio.to_thread(probe_engine, engine.url, engine.served_model_name)
@@ -271,17 +303,13 @@ async def _run_rl(run: RunConfig) -> float:
         require_training_grade(report)
         proxy_url = start_proxy(run, engine, out, stack)
         print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
-        trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
-        if resume is not None:
-            trainer.load_checkpoint(resume)
-            stats.steps = trainer.global_step
-            print(
-                f"Resumed from {resume} (step {stats.steps}, {len(state.consumed)} groups consumed)",
-                flush=True,
-            )
-        sync = effective_weight_sync(run)
-        if resume is not None and sync is not WeightSyncKind.none and engine.weight_sync is not None:
-            engine.weight_sync.push(trainer.export_weights(out / "weights"), trainer.policy_version)
+        pushing = sync is not WeightSyncKind.none and engine.weight_sync is not None
+        if pushing:
+            if resume is not None:
+                await asyncio.to_thread(push_weights, engine.weight_sync)
+            else:
+                # Label the served weights with the trainer's version, so records carry numbers.
+                await asyncio.to_thread(engine.weight_sync.announce, trainer.policy_version)
         logger = stack.enter_context(
             MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
@@ -315,20 +343,17 @@ async def _run_rl(run: RunConfig) -> float:
                 if batch is None:
                     continue
                 pending = _stamp_rows(batch, t.scale_rewards)
-                metrics = await asyncio.to_thread(trainer.step, pending)
+                metrics = await asyncio.to_thread(lock.call, "step", pending)
                 stats.steps = trainer.global_step
                 stats.rows_trained += len(pending)
                 stats.last_ratio = metrics.get("train/ratio")
                 for g in batch:
                     state.mark(g.planned.group_id, "trained")
-                if (
-                    sync is not WeightSyncKind.none
-                    and engine.weight_sync is not None
-                    and stats.steps % t.weight_sync_interval == 0
-                ):
-                    weights = await asyncio.to_thread(trainer.export_weights, out / "weights")
-                    await asyncio.to_thread(engine.weight_sync.push, weights, trainer.policy_version)
+                pushed_now = False
+                if pushing and stats.steps % t.weight_sync_interval == 0:
+                    await asyncio.to_thread(push_weights, engine.weight_sync)
                     stats.weight_pushes += 1
+                    pushed_now = True
                 metrics.update(group_metrics(batch))
                 metrics.update(
                     {
@@ -343,15 +368,15 @@ async def _run_rl(run: RunConfig) -> float:
                 display.update(stats, metrics, scheduler.inflight)
                 if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
                     ckpt = ckpt_root / f"step-{stats.steps}"
-                    await asyncio.to_thread(trainer.save_checkpoint, ckpt)
+                    await asyncio.to_thread(lock.call, "save_checkpoint", ckpt)
                     state.save(ckpt / "rollout_state.json")
                     (ckpt / "COMPLETE").write_text("ok\n")
                     state.save(state_path)
                     if stats.steps % t.eval_steps == 0:
-                        if stats.steps % t.weight_sync_interval != 0 and engine.weight_sync is not None:
+                        if pushing and not pushed_now:
                             # The evaluation must see this checkpoint's weights, not the last pushed ones.
-                            weights = await asyncio.to_thread(trainer.export_weights, out / "weights")
-                            await asyncio.to_thread(engine.weight_sync.push, weights, trainer.policy_version)
+                            await asyncio.to_thread(push_weights, engine.weight_sync)
+                            stats.weight_pushes += 1
                         from fineenvs.eval import aevaluate_checkpoint
 
                         await aevaluate_checkpoint(
@@ -389,11 +414,18 @@ def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
                     advantage=adv,
                     attempt_id=a.attempt_id,
                     group_id=a.group_id,
-                    policy_version=a.policy_version,
+                    # Staleness from the engine's own record of the weights that sampled the row,
+                    # else from the policy version the attempt started under.
+                    policy_version=_row_version(r, a.policy_version),
                 )
                 for r in a.rows
             ]
     return rows
+
+
+def _row_version(row: Any, fallback: int) -> int:
+    version = getattr(row, "weight_version", None)
+    return version if isinstance(version, int) else fallback
 
 
 class ProgressDisplay:

@@ -63,7 +63,7 @@ def start_engine(
             port=e.port,
             served_model_name=served_model_name or run.model.name,
             seed=run.seed,
-            dtype=e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype),
+            dtype=engine_dtype(run),
             max_queue=e.max_queue,
             max_model_len=e.max_model_len or run.model.max_model_len,
             tool_call_parser=run.model.tool_call_parser,
@@ -71,13 +71,39 @@ def start_engine(
         )
         return stack.enter_context(launch)
     from fineenvs.engine.vllm import prepare_chat_template
-    from fineenvs.plan import vllm_args
+    from fineenvs.plan import device_plan, vllm_args
 
     args = vllm_args(run)
     if served_model_name:
         args = replace(args, served_model_name=served_model_name)
-    args = prepare_chat_template(args, out / "engine")
+    devices = device_plan(run)
+    args = replace(args, devices=devices.engine, chat_template_dir=out / "engine")
+    print(f"vLLM GPUs: {devices.reason}", flush=True)
+    args = prepare_chat_template(args)  # vLLM refuses to start on a template it cannot open
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
+
+
+def engine_dtype(run: RunConfig) -> str:
+    """The dtype the engine serves in: what pushed weights are cast to."""
+    e = run.engine
+    if e.kind is EngineKind.transformers:
+        return e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype)
+    return e.dtype or run.model.dtype
+
+
+def apply_trainer_devices(run: RunConfig) -> str | None:
+    """Give this process (the trainer) the GPUs a launched vLLM does not get, before anything
+    starts CUDA; returns the ``CUDA_VISIBLE_DEVICES`` set (None: left as it was)."""
+    from fineenvs.plan import device_plan, trains
+
+    if not trains(run):
+        return None
+    plan = device_plan(run)
+    if plan is None or plan.trainer is None:
+        return None
+    value = ",".join(plan.trainer)
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    return value
 
 
 def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str:

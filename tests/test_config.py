@@ -187,9 +187,19 @@ def test_unknown_reward_term_refused() -> None:
     assert any("submitted" in p and "0.178" in p for p in problems)
 
 
-def test_tiny_model_on_vllm_refused() -> None:
-    problems = _problems("+experiment=smoke", "engine=vllm")
-    assert any("engine=transformers" in p for p in problems)
+def test_engine_devices_without_a_launched_vllm_refused() -> None:
+    problems = _problems("+experiment=smoke", "engine.devices=[1]")
+    assert any("engine.devices" in p and "engine.devices=[]" in p for p in problems)
+
+
+def test_tiny_model_on_vllm_serves_its_built_directory() -> None:
+    """vLLM loads a tiny model's directory like any checkpoint (the stand-in e2e relies on it)."""
+    from fineenvs.plan import vllm_args
+
+    run = load("+experiment=smoke", "engine=vllm", "output_dir=/tmp/fineenvs-x")
+    args = vllm_args(run)
+    assert args.model.endswith("/tiny_qwen-s0") and args.served_model_name == "tiny_qwen"
+    assert args.template_path is None  # model.chat_template=native: the checkpoint's own template
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,8 @@
 """``python -m fineenvs.engine serve --model tiny_qwen``: run the embedded engine alone.
 
+``python -m fineenvs.engine install-vllm-client [--dir DIR]``: install vLLM's trainer-side
+weight-transfer modules for ``engine.weight_sync=nccl`` (``fineenvs.engine.vllm_client``).
+
 The model is a tiny model name (built offline on first use) or a local Hugging Face model
 directory. The server binds 127.0.0.1 unless told otherwise: its weight-update route loads
 files from any path it is given, so it must not face an untrusted network.
@@ -42,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         help="torch intra-op threads (default: 1 for tiny models, torch's default otherwise)",
     )
     serve.add_argument("--log-level", default="info")
+    client = sub.add_parser(
+        "install-vllm-client",
+        help="install vLLM's trainer-side weight-transfer modules (engine.weight_sync=nccl)",
+    )
+    client.add_argument("--dir", type=Path, default=None, help="default: $FINEENVS_VLLM_CLIENT or the cache")
     return parser
 
 
@@ -74,6 +82,11 @@ def _hydra_style(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(_hydra_style(sys.argv[1:] if argv is None else argv))
+    if args.command == "install-vllm-client":
+        from fineenvs.engine.vllm_client import install_client
+
+        print(f"vLLM's trainer-side modules in {install_client(args.dir)}")
+        return 0
     import uvicorn
 
     from fineenvs.engine.server import create_engine_app

@@ -53,6 +53,10 @@ class GenerationResult:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     weight_version: int = 0
+    """The version that sampled the first token (the current one if none was sampled)."""
+    weight_versions: list[tuple[int, int, int]] = field(default_factory=list)
+    """``(version, start, end)``: output tokens ``[start, end)`` were sampled by ``version``. More
+    than one span when weights changed while the request was frozen (vLLM's ``/pause?mode=keep``)."""
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -109,6 +113,7 @@ class _Row:
         self.stop_ids = set(params.stop_token_ids) | eos
         self.window = max((len(s) for s in params.stop), default=0) + 8
         self.tokens: list[int] = []
+        self.versions: list[int] = []  # weight version that sampled each token
         self.logprobs: list[float] = []
         self.tops: list[list[tuple[int, float]]] = []
         self.finish: FinishReason = "length"
@@ -137,6 +142,7 @@ class _Row:
         else:
             token = int(torch.multinomial(processed.exp(), 1, generator=self.rng))
         self.tokens.append(token)
+        self.versions.append(self.gen.weight_version)
         if params.logprobs:
             self.logprobs.append(float(processed[token]))
             if params.top_logprobs > 0:
@@ -159,8 +165,15 @@ class _Row:
         text = self.gen.decode(ids, self.params.skip_special_tokens)
         if isinstance(self.stop_reason, str) and self.stop_reason in text:
             text = text[: text.find(self.stop_reason)]
+        spans: list[tuple[int, int, int]] = []
+        for i, v in enumerate(self.versions):
+            if spans and spans[-1][0] == v:
+                spans[-1] = (v, spans[-1][1], i + 1)
+            else:
+                spans.append((v, i, i + 1))
+        first = self.versions[0] if self.versions else version
         return GenerationResult(
-            self.tokens, text, self.finish, self.stop_reason, self.logprobs, self.tops, version
+            self.tokens, text, self.finish, self.stop_reason, self.logprobs, self.tops, first, spans
         )
 
 
@@ -194,7 +207,9 @@ class Generator:
         self._added = {i: t.content for i, t in self.tokenizer.added_tokens_decoder.items()}
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.lock = threading.Lock()  # held for every forward pass and weight swap
+        # Held for every forward pass and weight swap. Re-entrant: a weight swap while requests are
+        # frozen mid-batch (vLLM's pause mode "keep") runs on the worker thread inside the batch.
+        self.lock = threading.RLock()
         # Fast tokenizers raise "Already borrowed" when two threads use one at once; the event
         # loop renders prompts while the worker decodes completions.
         self.tokenizer_lock = threading.Lock()
@@ -280,6 +295,7 @@ class Generator:
         self,
         jobs: list[tuple[list[int], SamplingParams, threading.Event | None]],
         on_finish: Callable[[int, GenerationResult], None] | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate for several requests in one left-padded batch, each with its own params.
 
@@ -288,7 +304,9 @@ class Generator:
         models, whose padded positions are masked in attention and zeroed before the
         convolution and linear-attention layers). A batch of one takes no padding at all.
         ``on_finish(index, result)`` is called as soon as a row finishes, so a short request
-        is answered without waiting for the longest row of its batch.
+        is answered without waiting for the longest row of its batch. ``between_steps()`` runs
+        between two decoding steps (the engine's pause point); the tokens after it are sampled
+        with whatever weights are loaded then, and each token records its weight version.
         """
         rows = [_Row(self, prompt, params, cancel) for prompt, params, cancel in jobs]
         results: dict[int, GenerationResult] = {}
@@ -325,6 +343,9 @@ class Generator:
                 report(version)
                 if all(r.done for r in rows):
                     break
+                if between_steps is not None:
+                    between_steps()
+                    version = self.weight_version
                 feed = torch.tensor([[t if t is not None else self._pad_id] for t in next_ids])
                 if mask is not None and positions is not None:
                     mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)

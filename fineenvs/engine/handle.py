@@ -10,6 +10,7 @@ block and stopped after it, whatever happens):
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import httpx
 from fineenvs.engine.launcher import (
     EngineStartError,
     EngineUnavailableError,
+    cuda_devices,
     free_port,
     launched,
     launched_async,
@@ -265,12 +267,17 @@ def launch_vllm(
     *,
     timeout_s: float = 1800.0,
     grace_s: float = 30.0,
-    check_gpu: Callable[[], list[str]] = require_cuda,
+    check_gpu: Callable[[], list[str]] | None = None,
 ) -> EngineLaunch:
     """The published vLLM command. Refuses on a machine without enough GPUs before writing or
-    starting anything; writes the patched chat template into ``log_dir`` when ``args.chat_template``
-    is None; ``args.port=0`` picks a free port."""
-    gpus = check_gpu()
+    starting anything (``args.devices``, when given, are the GPUs counted: the server's own
+    ``CUDA_VISIBLE_DEVICES``); writes the patched chat template into ``args.chat_template_dir`` (or
+    ``log_dir``) when ``args.chat_template`` is None; ``args.port=0`` picks a free port."""
+    if check_gpu is None:
+        env = None if args.devices is None else {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(args.devices)}
+        gpus = require_cuda(devices=cuda_devices(env=env))
+    else:
+        gpus = check_gpu()
     needed = args.tensor_parallel_size * args.data_parallel_size
     if len(gpus) < needed:
         raise EngineUnavailableError(

@@ -189,6 +189,11 @@ class _Worker:
 
     Consecutive generation jobs at the head of the queue (up to ``max_batch_size``) run as one
     batch; anything else (a weight swap) runs alone, after every job queued before it.
+
+    ``freeze()`` is vLLM's ``/pause?mode=keep``: the worker parks at its next pause point (between
+    two decoding steps of the running batch, or before starting the next job) and runs nothing
+    but ``run_frozen`` tasks (weight swaps) until ``thaw()``; queued and running requests then go
+    on, sampling with the new weights.
     """
 
     def __init__(self, generator: Generator, max_batch_size: int) -> None:
@@ -197,6 +202,9 @@ class _Worker:
         self._jobs: deque[tuple[str, Any, asyncio.Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._frozen = False
+        self._parked = False
+        self._frozen_tasks: deque[tuple[Any, dict[str, Any]]] = deque()
         self.batch_sizes: list[int] = []  # of every generation batch run (diagnostics, tests)
         self._thread = threading.Thread(target=self._loop, name="fineenvs-engine", daemon=True)
         self._thread.start()
@@ -205,7 +213,7 @@ class _Worker:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._cv:
             self._jobs.append((kind, payload, future))
-            self._cv.notify()
+            self._cv.notify_all()
         return future
 
     def generate(
@@ -224,7 +232,66 @@ class _Worker:
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
-            self._cv.notify()
+            self._frozen = False
+            self._cv.notify_all()
+
+    # -- freezing (vLLM pause mode "keep") --------------------------------------------------
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def freeze(self, timeout_s: float = 600.0) -> None:
+        """Block until the worker is parked (blocking: call it from a thread)."""
+        with self._cv:
+            self._frozen = True
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda: self._parked or self._stopping, timeout=timeout_s):
+                raise TimeoutError(f"the engine worker did not reach a pause point within {timeout_s} s")
+
+    def thaw(self) -> None:
+        with self._cv:
+            self._frozen = False
+            self._cv.notify_all()
+
+    def run_frozen(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the parked worker thread and return its result (blocking)."""
+        box: dict[str, Any] = {}
+        with self._cv:
+            if not self._parked:
+                raise RuntimeError("run_frozen needs a frozen engine (call freeze() first)")
+            self._frozen_tasks.append(((fn, args), box))
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: "done" in box)
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _park_locked(self) -> None:
+        """With ``_cv`` held and frozen: run frozen tasks until thawed."""
+        self._parked = True
+        self._cv.notify_all()
+        while self._frozen and not self._stopping:
+            while self._frozen_tasks:
+                (fn, args), box = self._frozen_tasks.popleft()
+                self._cv.release()
+                try:
+                    box["result"] = fn(*args)
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    box["error"] = exc
+                finally:
+                    self._cv.acquire()
+                box["done"] = True
+                self._cv.notify_all()
+            if self._frozen and not self._stopping:
+                self._cv.wait()
+        self._parked = False
+
+    def _pause_point(self) -> None:
+        if self._frozen:
+            with self._cv:
+                if self._frozen:
+                    self._park_locked()
 
     @staticmethod
     def _resolve(future: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
@@ -241,8 +308,11 @@ class _Worker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._jobs and not self._stopping:
-                    self._cv.wait()
+                while (self._frozen or not self._jobs) and not self._stopping:
+                    if self._frozen:
+                        self._park_locked()
+                    else:
+                        self._cv.wait()
                 if self._stopping:
                     return
                 batch = [self._jobs.popleft()]
@@ -261,7 +331,11 @@ class _Worker:
                     def answer(i: int, result: GenerationResult, futures: list[Any] = futures) -> None:
                         self._resolve(futures[i], result)
 
-                    self.generator.generate_batch([payload for _, payload, _ in batch], on_finish=answer)
+                    self.generator.generate_batch(
+                        [payload for _, payload, _ in batch],
+                        on_finish=answer,
+                        between_steps=self._pause_point,
+                    )
                 else:
                     fn, args = batch[0][1]
                     self._resolve(batch[0][2], fn(*args))
@@ -292,6 +366,26 @@ class EngineState:
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
+        # vLLM serving options (the stand-in sets them from vLLM's command line; the embedded
+        # engine keeps the defaults):
+        self.chat_template: str | None = None
+        """``--chat-template``: rendered instead of the tokenizer's own template."""
+        self.default_chat_template_kwargs: dict[str, Any] = {}
+        self.generation_defaults: dict[str, Any] = {}
+        """``--override-generation-config``: sampling values for fields a request omits."""
+        self.token_id_logprobs = True
+        """``--return-tokens-as-token-ids``: logprob entries name ``token_id:<id>``."""
+        self.auto_tool_choice = True
+        """``--enable-auto-tool-choice``: without it, vLLM refuses tool_choice="auto"."""
+        self.version_label: Any = int
+        """Weight version -> the label responses carry (vLLM: the string set by
+        ``/update_weight_version``); the embedded engine reports its integer."""
+        self.top_level_weight_version = True
+        """The embedded engine's own ``weight_version`` field (vLLM has none)."""
+        self.cancels: set[threading.Event] = set()
+        """One per request in flight: ``/pause?mode=abort`` sets them all."""
+        self.pause_mode: str | None = None
+        """vLLM's pause state: ``abort`` / ``wait`` refuse new requests with 503, ``keep`` queues them."""
 
 
 def _infer_tool_call_format(config: Any) -> ToolCallFormat:
@@ -328,12 +422,17 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     if state.enable_test_hooks and req.forced_completion_prefix:
         forced = tuple(state.generator.encode(req.forced_completion_prefix))
     tools_active = bool(req.tools) and req.tool_choice != "none"
+    defaults = state.generation_defaults
+    temperature = req.temperature if req.temperature is not None else defaults.get("temperature", 1.0)
+    top_p = req.top_p if req.top_p is not None else defaults.get("top_p", 1.0)
+    top_k = req.top_k if req.top_k is not None else defaults.get("top_k", 0)
+    min_p = req.min_p if req.min_p is not None else defaults.get("min_p", 0.0)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k in (None, -1) else int(req.top_k),
-        min_p=req.min_p or 0.0,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=0 if top_k in (None, -1) else int(top_k),
+        min_p=float(min_p or 0.0),
         seed=req.seed,
         stop=tuple(s for s in stop if s),
         stop_token_ids=tuple(req.stop_token_ids or ()),
@@ -346,17 +445,22 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     )
 
 
-def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -> dict[str, Any]:
+def _logprobs_body(
+    result: GenerationResult, generator: Generator, top_n: int, as_token_ids: bool = True
+) -> dict[str, Any]:
+    def name(token: int) -> str:
+        return f"token_id:{token}" if as_token_ids else generator.decode([token], False)
+
     content = []
     for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
         tops = result.top_logprobs[i] if top_n else []
         content.append(
             {
-                "token": f"token_id:{token}",
+                "token": name(token),
                 "logprob": max(lp, -9999.0),
                 "bytes": generator.token_bytes(token),
                 "top_logprobs": [
-                    {"token": f"token_id:{t}", "logprob": max(v, -9999.0), "bytes": generator.token_bytes(t)}
+                    {"token": name(t), "logprob": max(v, -9999.0), "bytes": generator.token_bytes(t)}
                     for t, v in tops
                 ],
             }
@@ -391,6 +495,14 @@ async def chat_completions(request: Request) -> Response:
         return error(unsupported + ": drop the field or send its neutral value")
     if req.top_logprobs and not req.logprobs:
         return error("when using `top_logprobs`, `logprobs` must be set to true", param="top_logprobs")
+    if state.pause_mode in ("abort", "wait"):
+        # vLLM's engine core rejects adds while paused (code "engine_paused", retryable).
+        return error("Generation is paused. Please retry after it resumes.", 503, "ServiceUnavailableError")
+    if req.tools and req.tool_choice in (None, "auto") and not state.auto_tool_choice:
+        return error(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            param="tool_choice",
+        )
     if req.tool_choice not in (None, "auto", "none"):
         return error(
             f"tool_choice={req.tool_choice!r} needs constrained decoding, which the embedded engine does "
@@ -405,7 +517,8 @@ async def chat_completions(request: Request) -> Response:
             req.tools or None,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message,
-            **(req.chat_template_kwargs or {}),
+            chat_template=state.chat_template,
+            **{**state.default_chat_template_kwargs, **(req.chat_template_kwargs or {})},
         )
     except Exception as exc:  # template errors are the client's: jinja raise_exception, bad roles
         return error(f"Cannot render the chat template for these messages: {exc}", param="messages")
@@ -421,6 +534,7 @@ async def chat_completions(request: Request) -> Response:
         )
     state.pending += 1
     cancel = threading.Event()
+    state.cancels.add(cancel)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
     try:
         result: GenerationResult = await state.worker.generate(prompt_ids, params, cancel)
@@ -429,6 +543,7 @@ async def chat_completions(request: Request) -> Response:
         return error(f"Generation failed: {type(exc).__name__}: {exc}", 500, "InternalServerError")
     finally:
         state.pending -= 1
+        state.cancels.discard(cancel)
         watcher.cancel()
     return JSONResponse(_response_body(req, state, prompt_ids, result))
 
@@ -466,17 +581,25 @@ def _response_body(
             "tool_calls": tool_calls,
             "reasoning": None,
         },
-        "logprobs": _logprobs_body(result, state.generator, req.top_logprobs or 0) if req.logprobs else None,
+        "logprobs": _logprobs_body(result, state.generator, req.top_logprobs or 0, state.token_id_logprobs)
+        if req.logprobs
+        else None,
         "finish_reason": finish,
         "stop_reason": result.stop_reason,
         "token_ids": result.token_ids if req.return_token_ids else None,
     }
     if req.return_weight_versions:
-        choice["weight_versions"] = [
-            {"weight_version": result.weight_version, "start": 0, "end": len(result.token_ids)}
-        ]
+        # vLLM's WeightVersionSpan list: which weight version sampled output tokens [start, end).
+        spans: list[dict[str, Any]] = []
+        for version, start, end in result.weight_versions or [(result.weight_version, 0, 0)]:
+            label = str(state.version_label(version))
+            if spans and spans[-1]["version"] == label:
+                spans[-1]["end"] = end
+            else:
+                spans.append({"version": label, "start": start, "end": end})
+        choice["weight_versions"] = spans
     n_out = len(result.token_ids)
-    return {
+    body = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -493,8 +616,10 @@ def _response_body(
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if req.return_token_ids else None,
         "kv_transfer_params": None,
-        "weight_version": result.weight_version,
     }
+    if state.top_level_weight_version:
+        body["weight_version"] = result.weight_version
+    return body
 
 
 async def models(request: Request) -> Response:
@@ -533,6 +658,14 @@ async def weight_info(request: Request) -> Response:
     return JSONResponse(_weight_info(request.app.state.engine))
 
 
+async def swap_weights(state: EngineState, fn: Any, *args: Any) -> Any:
+    """Run a weight swap on the worker: queued behind every request admitted before it, or, while
+    the worker is frozen (pause mode ``keep``), at once between two decoding steps."""
+    if state.worker.frozen:
+        return await asyncio.to_thread(state.worker.run_frozen, fn, *args)
+    return await state.worker.call(fn, *args)
+
+
 async def update_weights_from_path(request: Request) -> Response:
     state: EngineState = request.app.state.engine
     try:
@@ -549,8 +682,7 @@ async def update_weights_from_path(request: Request) -> Response:
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
         return error(f"weight_version must be an integer, got {version!r}", param="weight_version")
     try:
-        # Queued on the generation worker: runs after every request admitted before it.
-        loaded = await state.worker.call(state.generator.load_weights, Path(path), version)
+        loaded = await swap_weights(state, state.generator.load_weights, Path(path), version)
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as exc:
         return error(f"Cannot load weights from {path}: {exc}", param="path")
     state.weights_updated_at = time.time()

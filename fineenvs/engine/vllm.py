@@ -117,7 +117,12 @@ class VLLMServeArgs:
     tool_call_parser: str | None = None
     """Overrides the family's parser; None keeps it (generic models then get no tool parsing)."""
     chat_template: Path | None = None
-    """Serving template file; ``prepare_chat_template`` writes the family's patched one if None."""
+    """A serving template file of the user's; None serves the family's patched template."""
+    chat_template_dir: Path | None = None
+    """Where ``prepare_chat_template`` writes the family's patched template before launch (the
+    command names ``<chat_template_dir>/<family>_nothink.jinja`` before the file exists)."""
+    family_template: bool = True
+    """False serves the checkpoint's own template (``model.chat_template=native``)."""
     default_chat_template_kwargs: dict[str, Any] | None = field(
         default_factory=lambda: dict(DEFAULT_CHAT_TEMPLATE_KWARGS)
     )
@@ -136,6 +141,9 @@ class VLLMServeArgs:
     """Appended verbatim, last, so they can override anything above."""
     python: str | None = None
     """Python of a separate vLLM venv; the command then runs ``<venv>/bin/vllm``."""
+    devices: tuple[str, ...] | None = None
+    """GPUs the server may use (indices or UUIDs, as ``nvidia-smi -L`` lists them): its
+    ``CUDA_VISIBLE_DEVICES``. None inherits the caller's."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -182,6 +190,16 @@ class VLLMServeArgs:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def template_path(self) -> Path | None:
+        """The ``--chat-template`` file: the user's, else where the family's patched one goes."""
+        if self.chat_template is not None:
+            return self.chat_template
+        source = PROFILES[self.resolved_family].trl_template
+        if source is None or not self.family_template or self.chat_template_dir is None:
+            return None
+        return self.chat_template_dir / f"{self.resolved_family.value}_nothink.jinja"
+
 
 def _compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
@@ -210,8 +228,9 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
     cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if parser is not None:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
-    if args.chat_template is not None:
-        cmd += ["--chat-template", str(args.chat_template)]
+    template = args.template_path
+    if template is not None:
+        cmd += ["--chat-template", str(template)]
     if args.default_chat_template_kwargs:
         cmd += ["--default-chat-template-kwargs", _compact_json(args.default_chat_template_kwargs)]
     cmd += ["--generation-config", "vllm", "--override-generation-config", _compact_json(generation)]
@@ -233,6 +252,9 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
 def build_serve_env(args: VLLMServeArgs, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ``base`` (default ``os.environ``) adjusted for dev mode and the venv."""
     env = dict(os.environ if base is None else base)
+    if args.devices is not None:
+        # vLLM takes gpu_memory_utilization of every GPU it sees: it must see only its own.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(args.devices)
     if args.weight_sync is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"
     else:
@@ -345,12 +367,33 @@ def write_chat_template(family: ModelFamily, directory: Path) -> Path:
     check_generation_prompt_closed(template)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{family.value}_nothink.jinja"
-    path.write_text(template)
+    tmp = path.with_suffix(".jinja.partial")
+    tmp.write_text(template)
+    tmp.replace(path)  # vLLM never reads a half-written template
     return path
 
 
-def prepare_chat_template(args: VLLMServeArgs, run_dir: Path) -> VLLMServeArgs:
-    """``args`` with the family's patched template written under ``run_dir`` when none is given."""
-    if args.chat_template is not None or PROFILES[args.resolved_family].trl_template is None:
+def prepare_chat_template(args: VLLMServeArgs, run_dir: Path | None = None) -> VLLMServeArgs:
+    """Make ``args.template_path`` exist before launch, as vLLM refuses a template it cannot open.
+
+    A user's template must be a readable file; the family's patched template is written into
+    ``args.chat_template_dir`` (default ``run_dir``), exactly where the command names it.
+    Returns ``args`` with ``chat_template`` set to the file (the command does not change)."""
+    if args.chat_template is not None:
+        path = Path(args.chat_template).expanduser()
+        try:
+            path.read_text()
+        except OSError as exc:
+            raise FileNotFoundError(
+                f"engine chat template {path} cannot be read ({exc.strerror}); vLLM refuses to start "
+                "without it. Point it at a readable .jinja file, or leave it unset to serve the "
+                "family's patched template."
+            ) from exc
         return args
-    return replace(args, chat_template=write_chat_template(args.resolved_family, run_dir))
+    if PROFILES[args.resolved_family].trl_template is None or not args.family_template:
+        return args
+    directory = args.chat_template_dir or run_dir
+    if directory is None:
+        raise ValueError("prepare_chat_template needs args.chat_template_dir or run_dir to write into")
+    written = write_chat_template(args.resolved_family, Path(directory))
+    return replace(args, chat_template=written, chat_template_dir=Path(directory))

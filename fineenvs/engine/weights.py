@@ -7,14 +7,25 @@ response; vLLM with ``return_weight_versions``), which is how staleness is count
 
 - ``EmbeddedWeightSync``: the embedded transformers engine. Saves safetensors under the run's
   staging folder and calls ``POST /update_weights_from_path``.
-- ``VLLMReloadWeightSync``: any vLLM started with ``VLLM_SERVER_DEV_MODE=1``. Saves a checkpoint,
-  then ``/pause?mode=wait`` (in-flight requests finish on the old weights), ``/collective_rpc
-  reload_weights``, ``/update_weight_version``, and always ``/resume``.
+- ``VLLMReloadWeightSync``: any vLLM started with ``VLLM_SERVER_DEV_MODE=1``. Saves the weights
+  into a directory (vLLM's ``reload_weights(weights_path=...)`` loads ``*.safetensors`` from a
+  local directory; anything else it takes for a Hub id), then ``/pause?mode=keep``,
+  ``/collective_rpc reload_weights``, ``/update_weight_version``, and always ``/resume``.
 - ``VLLMNcclWeightSync``: vLLM with ``--weight-transfer-config '{"backend":"nccl"}'``. Broadcasts
   tensors GPU to GPU with vLLM 0.33's ``NCCLTrainerWeightTransferEngine``, which drives the HTTP
-  routes through our ``VLLMControlPlane``; vllm is imported only when the first push happens (the
-  trainer process then needs CUDA and an importable vllm 0.33).
-  Written against the 0.33.0 wheel's source; not yet run on a GPU.
+  routes through our ``VLLMControlPlane``; vLLM's trainer-side modules are imported when the
+  first push happens (``fineenvs.engine.vllm_client``: the trainer process then needs CUDA and
+  ``python -m fineenvs.engine install-vllm-client``). The control plane is tested with vLLM's own
+  trainer engine against the stand-in; the NCCL broadcast itself has not run (no GPU here).
+
+Why ``mode=keep``: in ``wait`` (and ``abort``) mode vLLM answers every new request 503 until
+``/resume``, and draining dozens of long generations takes tens of seconds every step, so agents
+would see errors at every push. ``keep`` freezes running requests and queues new ones; they go on
+with the new weights after ``/resume``, and each completion's ``weight_versions`` spans say which
+tokens each version sampled (TRL's AsyncGRPO pauses the same way).
+
+``announce(version)`` labels the weights the engine serves before the first push (vLLM starts at
+``"default"``), so every recorded call carries a numeric version from the first step on.
 
 Not covered: sharded (FSDP) state dicts (gather on rank 0 before calling ``push``), LoRA deltas,
 vLLM's IPC and sparse backends.
@@ -42,9 +53,16 @@ class WeightSyncError(RuntimeError):
     """The engine rejected or failed a weight update; the message carries its answer."""
 
 
+PAUSE_MODE = "keep"
+
+
 class WeightSync(Protocol):
     def push(self, weights: Weights, version: int) -> int:
         """Make the engine serve ``weights`` as ``version``; return the version it reports."""
+        ...
+
+    def announce(self, version: int) -> None:
+        """Label the weights the engine serves now as ``version`` (no weights move)."""
         ...
 
     def close(self) -> None: ...
@@ -93,6 +111,11 @@ class _StagedWeights:
         if isinstance(weights, Path):
             if not weights.exists():
                 raise FileNotFoundError(f"Checkpoint {weights} does not exist; nothing to push.")
+            if not weights.is_dir():
+                raise ValueError(
+                    f"{weights} is a file; engines reload weights from a directory of *.safetensors "
+                    f"(vLLM takes anything else for a Hugging Face repo id). Push {weights.parent} instead."
+                )
             return weights.resolve()
         directory = (self.staging_dir / f"v{version:06d}").resolve()
         save_safetensors(weights, directory)
@@ -124,6 +147,9 @@ class EmbeddedWeightSync:
         self._staged.prune()
         return int(answer["weight_version"])
 
+    def announce(self, version: int) -> None:
+        """The embedded engine numbers its weights itself (0 at start, then what each push says)."""
+
     def close(self) -> None:
         if self._own_client:
             self.client.close()
@@ -149,7 +175,7 @@ class VLLMReloadWeightSync:
     def push(self, weights: Weights, version: int) -> int:
         # Write before pausing: saving is the slow part and generation continues meanwhile.
         path = self._staged.stage(weights, version)
-        _check(self.client.post(self.url + "/pause", params={"mode": "wait"}), "pause (drain in-flight)")
+        _check(self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)")
         try:
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             _check(self.client.post(self.url + "/collective_rpc", json=rpc), "reload_weights")
@@ -161,6 +187,12 @@ class VLLMReloadWeightSync:
             _check(self.client.post(self.url + "/resume"), "resume")
         self._staged.prune()
         return version
+
+    def announce(self, version: int) -> None:
+        _check(
+            self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
+            "update_weight_version",
+        )
 
     def close(self) -> None:
         if self._own_client:
@@ -239,16 +271,21 @@ class VLLMNcclTransport:
         world_size: int,
         weights: Mapping[str, torch.Tensor],
     ) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerInitInfo,
-            NCCLTrainerWeightTransferEngine,
-        )
+        from fineenvs.engine.vllm_client import import_client
 
+        nccl = import_client()
         self._source = _state_dict_source(weights)
-        init = NCCLTrainerInitInfo(
-            master_address=master_address, master_port=master_port, world_size=world_size, packed=self.packed
+        # rank is this trainer process's rank in the transfer group: the single sender is rank 0.
+        init = nccl.NCCLTrainerInitInfo(
+            master_address=master_address,
+            master_port=master_port,
+            world_size=world_size,
+            packed=self.packed,
+            rank=0,
         )
-        self._engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=control, source=self._source)
+        self._engine = nccl.NCCLTrainerWeightTransferEngine.trainer_init(
+            init, client=control, source=self._source
+        )
 
     def send(self, weights: Mapping[str, torch.Tensor]) -> None:
         self._source.current = weights
@@ -262,6 +299,9 @@ class VLLMNcclTransport:
 def _state_dict_source(weights: Mapping[str, torch.Tensor]) -> Any:
     from functools import cached_property
 
+    from fineenvs.engine.vllm_client import import_client
+
+    import_client()
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class StateDictSource(WeightSource):  # type: ignore[misc]
@@ -289,8 +329,8 @@ class NcclEndpoint:
 
 class VLLMNcclWeightSync:
     """Native vLLM weight transfer: HTTP control plane, NCCL broadcast of the tensors. The first
-    push joins the NCCL group (``/get_world_size`` + the rendezvous); every push drains in-flight
-    requests (``/pause?mode=wait``), sends, stamps the version, and always resumes."""
+    push joins the NCCL group (``/get_world_size`` + the rendezvous); every push freezes requests
+    (``/pause?mode=keep``), sends, stamps the version, and always resumes."""
 
     def __init__(
         self,
@@ -329,7 +369,7 @@ class VLLMNcclWeightSync:
             )
         if not self._connected:
             self._connect(weights)
-        _check(self.client.post(self.url + "/pause", params={"mode": "wait"}), "pause (drain in-flight)")
+        _check(self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)")
         try:
             self.control.pending_version = str(version)
             self.transport.send(weights)
@@ -337,6 +377,12 @@ class VLLMNcclWeightSync:
             self.control.pending_version = None
             _check(self.client.post(self.url + "/resume"), "resume")
         return version
+
+    def announce(self, version: int) -> None:
+        _check(
+            self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
+            "update_weight_version",
+        )
 
     def close(self) -> None:
         try:

@@ -290,6 +290,11 @@ def _build(spec: TinyModelSpec, seed: int, out: Path) -> None:
     (out / "fineenvs_tiny.json").write_text(json.dumps(config.fineenvs, indent=2, sort_keys=True) + "\n")
 
 
+def tiny_model_path(name: str, seed: int = 0, root: Path | None = None) -> Path:
+    """Where ``ensure_tiny_model(name, seed)`` puts the model (nothing is built)."""
+    return (root if root is not None else models_cache()) / f"{name}-s{seed}"
+
+
 def ensure_tiny_model(name: str, seed: int = 0, root: Path | None = None) -> Path:
     """Build (once) and return the directory of tiny model ``name`` with weights from ``seed``.
 
@@ -300,9 +305,9 @@ def ensure_tiny_model(name: str, seed: int = 0, root: Path | None = None) -> Pat
     spec = TINY_MODELS.get(name)
     if spec is None:
         raise KeyError(f"unknown tiny model {name!r}: choose one of {sorted(TINY_MODELS)}")
-    base = root if root is not None else models_cache()
+    final = tiny_model_path(name, seed, root)
+    base = final.parent
     base.mkdir(parents=True, exist_ok=True)
-    final = base / f"{name}-s{seed}"
     marker = final / "fineenvs_tiny.json"
     if marker.is_file() and json.loads(marker.read_text()).get("build_version") == BUILD_VERSION:
         return final

@@ -94,6 +94,8 @@ class PreparedCall:
     payload: bytes
     record_request: RequestRecord
     fields: dict[str, Any]
+    hide_reasoning: bool = False
+    """The agent asked for no reasoning (``include_reasoning: false``): recorded, not replied."""
 
 
 @dataclass
@@ -337,6 +339,7 @@ class ProxyApp:
                 "harness_ids": _harness_ids(request.scope["headers"], body),
                 "notes": [*canonical.notes, *engine_req.notes],
             },
+            hide_reasoning=engine_req.hide_reasoning,
         )
 
     async def _aux(self, request: Request, kind: str, path: str) -> Response:
@@ -413,6 +416,7 @@ class ProxyApp:
                 "logprobs_aligned": result.logprobs_aligned,
                 "finish_reason": result.finish_reason,
                 "weight_version": result.weight_version,
+                "weight_versions": result.weight_versions,
                 "usage": result.completion.get("usage"),
                 "notes": [*call.fields["notes"], *result.notes],
                 "timings": {
@@ -440,6 +444,8 @@ class ProxyApp:
             session.recorded_calls += 1
             if not result.logprobs_aligned:
                 session.flagged_calls += 1
+            if call.hide_reasoning:
+                _strip_reasoning(result.completion)
             return Outcome("ok", result.completion)
         finally:
             session.inflight -= 1
@@ -489,6 +495,16 @@ class ProxyApp:
                 yield b"data: " + orjson.dumps(dialect.error_body(exc.status, str(exc))) + b"\n\n"
 
         return StreamingResponse(events(), media_type=_media(canonical), headers=SSE_HEADERS)
+
+
+def _strip_reasoning(completion: dict[str, Any]) -> None:
+    """Leave reasoning out of the reply (the record, already written, keeps it)."""
+    for choice in completion.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict):
+            choice["message"] = {
+                k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning")
+            }
 
 
 def _media(canonical: CanonicalRequest) -> str:

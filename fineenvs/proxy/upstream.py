@@ -2,10 +2,13 @@
 
 What is covered: the request sent to the engine (model rewritten to the served id, ``n = 1``,
 ``stream = false``, ``stream_options`` dropped, ``return_token_ids``, ``logprobs``, explicit
-``top_logprobs = 0`` -- vLLM leaves ``logprobs.content`` empty when it is omitted --, output tokens
-capped, the configured sampling policy enforced and the agent's own values kept for the record);
-the reply check (prompt ids hoisted from the choice when the engine puts them there, every sampled
-position paired with its ``token_id:<id>`` logprob entry, logprobs finite and <= 0, weight version);
+``top_logprobs = 0`` -- vLLM leaves ``logprobs.content`` empty when it is omitted --,
+``return_weight_versions``, ``include_reasoning`` forced on -- vLLM drops ``token_ids`` and the
+logprobs of a reply whose reasoning it hides --, output tokens capped, the configured sampling
+policy enforced and the agent's own values kept for the record); the reply check (prompt ids
+hoisted from the choice when the engine puts them there, every sampled position paired with its
+``token_id:<id>`` logprob entry, logprobs finite, <= 0 and not vLLM's -9999 placeholder for a
+missing value, the engine's weight version from its ``weight_versions`` spans);
 retries of 408/409/429/5xx and transport errors with bounded backoff (``Retry-After`` honoured up
 to a cap); 400/413/422 passed through; context overflow reported as its own outcome.
 
@@ -78,6 +81,11 @@ class BadRequest(ValueError):
     """The agent's request asks for something the capture cannot honour (e.g. ``n > 1``)."""
 
 
+# vLLM writes this for a logprob it does not have (an entry built without one, or -inf clamped):
+# it is not the policy's probability and would blow up the importance ratio.
+PLACEHOLDER_LOGPROB = -9999.0
+
+
 @dataclass
 class EngineRequest:
     body: dict[str, Any]
@@ -85,6 +93,9 @@ class EngineRequest:
     applied_sampling: dict[str, Any]
     max_tokens_requested: int | None
     notes: list[str] = field(default_factory=list)
+    hide_reasoning: bool = False
+    """The agent sent ``include_reasoning: false``: the engine is asked for it anyway (the record
+    keeps it), and the reply to the agent leaves it out."""
 
 
 @dataclass
@@ -96,10 +107,13 @@ class EngineResult:
     logprobs: list[float] | None
     logprobs_aligned: bool
     finish_reason: str
-    weight_version: Any
+    weight_version: int | None
+    """Oldest engine weight version that sampled this reply (None when the engine reports none)."""
     upstream_s: float
     attempts: int
     notes: list[str] = field(default_factory=list)
+    weight_versions: list[dict[str, Any]] | None = None
+    """The engine's spans as it sent them (vLLM: ``[{"version", "start", "end"}]``)."""
 
 
 def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> EngineRequest:
@@ -122,6 +136,9 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
         if key in body:
             body.pop(key)
             notes.append(f"dropped {key}: the trainer cannot reproduce the constrained distribution")
+    hide_reasoning = body.pop("include_reasoning", True) is False
+    if hide_reasoning:
+        notes.append("include_reasoning=false: reasoning recorded, left out of the reply to the agent")
     if "max_completion_tokens" in body:
         mct = body.pop("max_completion_tokens")
         body.setdefault("max_tokens", mct)
@@ -143,8 +160,10 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
         logprobs=True,
         top_logprobs=0,
         return_token_ids=True,
+        return_weight_versions=True,
+        include_reasoning=True,
     )
-    return EngineRequest(body, requested, applied, max_requested, notes)
+    return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning)
 
 
 def _error_message(resp: EngineResponse) -> str:
@@ -253,9 +272,10 @@ def parse_completion(
         "completion_tokens_details": usage.get("completion_tokens_details") or {"reasoning_tokens": 0},
     }
     data["usage"] = usage
-    weight_version = data.get("weight_version")
-    if weight_version is None:
-        weight_version = choice.get("weight_versions")
+    spans = choice.pop("weight_versions", None)
+    weight_version, why = _weight_version(spans, data.pop("weight_version", None))
+    if why:
+        notes.append(why)
     return EngineResult(
         completion=data,
         message=message,
@@ -268,7 +288,32 @@ def parse_completion(
         upstream_s=upstream_s,
         attempts=attempts,
         notes=notes,
+        weight_versions=spans if isinstance(spans, list) else None,
     )
+
+
+def _version_number(label: Any) -> int | None:
+    if isinstance(label, bool):
+        return None
+    if isinstance(label, int):
+        return label
+    if isinstance(label, str) and label.strip().isdigit():
+        return int(label)
+    return None
+
+
+def _weight_version(spans: Any, top_level: Any) -> tuple[int | None, str]:
+    """The oldest numeric version among vLLM's ``weight_versions`` spans (else the embedded
+    engine's top-level ``weight_version``), and a note when the engine's label is not a number
+    (vLLM starts at ``"default"`` until a version is set)."""
+    if isinstance(spans, list) and spans:
+        labels = [s.get("version") for s in spans if isinstance(s, dict)]
+        numbers = [_version_number(v) for v in labels]
+        known = [n for n in numbers if n is not None]
+        if known and len(known) == len(numbers):
+            return min(known), ""
+        return (min(known) if known else None), f"engine weight version labels {labels!r} are not all numbers"
+    return _version_number(top_level), ""
 
 
 def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | None, bool, str]:
@@ -288,6 +333,8 @@ def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | No
             return None, False, f"position {i}: logprob entry is for {token!r}, sampled token_id:{tid}"
         if not isinstance(lp, int | float) or not math.isfinite(lp) or lp > 1e-6:
             return None, False, f"position {i}: logprob {lp!r} is not a finite value <= 0"
+        if lp <= PLACEHOLDER_LOGPROB:
+            return None, False, f"position {i}: logprob {lp!r} is vLLM's placeholder for a missing logprob"
         out.append(min(float(lp), 0.0))
     return out, True, ""
 

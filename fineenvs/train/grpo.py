@@ -28,10 +28,18 @@ attention mask (``batching``), so LFM2's short convolutions and Qwen3.5's linear
 scan across rows, and no ``seq_idx`` plumbing is needed. TRL's ``AsyncGRPOTrainer`` refuses both
 hybrids, asserts CUDA and fetches an FA3 kernel from the Hub (measured: ``trl_compat``).
 
-Weights. ``export_weights(path)`` writes a safetensors file of the current state dict for the
-embedded engine's ``POST /update_weights_from_path`` (or vLLM's reload); ``on_weights_updated`` is
-called after every ``weight_sync_interval`` optimizer steps with the trainer, so the caller pushes
-(``fineenvs.engine.weights.WeightSync.push(trainer.state_dict(), trainer.policy_version)``).
+Precision. The weights, gradients and AdamW state are always float32 (16 bytes per parameter);
+``dtype="bfloat16"`` runs the forward passes under ``torch.autocast`` in bfloat16, as TRL's
+AsyncGRPO does. Plain bf16 weights would lose the updates: AdamW moves each weight by about
+``lr`` per step, and bf16 keeps 8 significant bits, so at the published lr 3e-6 every weight with
+``|w| > 256 * lr`` (about 8e-4: most weights of a real model) rounds back to where it was
+(tested in ``tests/train/test_precision.py``).
+
+Weights. ``state_dict(dtype)`` returns the full state dict (gathered under FSDP), cast to the
+engine's dtype, for ``fineenvs.engine.weights.WeightSync.push`` (NCCL broadcasts it; reload and the
+embedded engine stage it as a safetensors directory); ``export_weights(dir, dtype)`` writes that
+directory itself. ``on_weights_updated`` is called after every ``weight_sync_interval`` optimizer
+steps with the trainer, so the caller pushes.
 ``policy_version`` counts optimizer steps since the initial weights (plus ``initial_version``).
 Under several processes the callback runs on every process: call ``state_dict()`` on all of them
 (it gathers FSDP shards) and push from ``trainer.accelerator.is_main_process`` only.
@@ -58,6 +66,7 @@ by the process count because data-parallel backends average gradients.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -121,6 +130,9 @@ class GRPOTrainerSettings:
     """Only ``dr_grpo``'s constant normaliser uses it."""
     weight_sync_interval: int = 1
     initial_version: int = 0
+    process_timeout_s: int = 6 * 3600
+    """Under several processes, how long the others may wait in a collective for the main
+    process (which collects rollouts between steps): torch.distributed's ``timeout``."""
 
     def check(self) -> None:
         """Raise ``ValueError`` listing every bad field with the fix."""
@@ -150,6 +162,11 @@ class GRPOTrainerSettings:
             )
         if self.dtype not in DTYPES:
             p.append(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        elif self.dtype == "float16":
+            p.append(
+                "dtype='float16' needs loss scaling, which this trainer does not do (fp16 gradients "
+                "underflow); use dtype='bfloat16' (autocast over float32 weights) or 'float32'"
+            )
         if not self.temperature > 0.0:
             p.append(
                 f"temperature={self.temperature} must be > 0 and equal the engine's sampling temperature "
@@ -200,9 +217,10 @@ class CapturedGRPOTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.on_weights_updated = on_weights_updated
         hf_set_seed(settings.seed)
-        dtype = DTYPES[settings.dtype]
+        # Master weights stay float32 whatever settings.dtype says (module docstring, "Precision").
+        self.compute_dtype = DTYPES[settings.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.config.use_cache = False
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -233,13 +251,14 @@ class CapturedGRPOTrainer:
             max_grad_norm=settings.max_grad_norm,
             seed=settings.seed,
             use_cpu=not torch.cuda.is_available(),
+            process_timeout_s=settings.process_timeout_s,
         )
         self.accelerator = self._trl.accelerator
         optimizer, scheduler = self._trl.create_optimizer_and_scheduler(settings.max_steps)
         self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.ref_model: Any = None
         if settings.beta > 0.0:
-            self.ref_model = self._load_reference(dtype)
+            self.ref_model = self._load_reference(torch.float32)
         self.global_step = 0
         self._version = settings.initial_version
 
@@ -254,10 +273,20 @@ class CapturedGRPOTrainer:
     def unwrapped_model(self) -> Any:
         return self.accelerator.unwrap_model(self.model)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full state dict with Hugging Face parameter names (gathered under FSDP)."""
+    def state_dict(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
+        """Full state dict with Hugging Face parameter names (gathered under FSDP: every process
+        must call it), floating tensors cast to ``dtype`` (the engine's; None keeps float32)."""
         sd: dict[str, torch.Tensor] = self.accelerator.get_state_dict(self.model)
-        return sd
+        target = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        if target is None:
+            return sd
+        return {k: v.to(target) if v.is_floating_point() and v.dtype != target else v for k, v in sd.items()}
+
+    def autocast(self) -> Any:
+        """Mixed precision for the forward passes (no-op in float32)."""
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.accelerator.device.type, dtype=self.compute_dtype)
 
     # -- training --------------------------------------------------------------------------
 
@@ -351,7 +380,8 @@ class CapturedGRPOTrainer:
                 indices = indices + [plan[0][0]] * (s.micro_batch_size - real)
             mb = build_micro_batch(kept, indices, weights, self.pad_token_id, device)
             mb.weights[real:] = 0.0
-            out = self._micro_batch_loss(mb, weight_total)
+            with self.autocast():
+                out = self._micro_batch_loss(mb, weight_total)
             self.accelerator.backward(out.loss * world)
             loss_total += float(out.loss.detach())
             if real == 0:
@@ -404,7 +434,8 @@ class CapturedGRPOTrainer:
         out: list[list[float]] = []
         for row in rows:
             mb = build_micro_batch([row], [0], [row.weights()], self.pad_token_id, self.accelerator.device)
-            logps = self._trl.logps(self.model, mb)[0].float().cpu().tolist()
+            with self.autocast():
+                logps = self._trl.logps(self.model, mb)[0].float().cpu().tolist()
             out.append([0.0] * mb.prompt_ids.size(1) + logps)
         return out
 
@@ -470,20 +501,22 @@ class CapturedGRPOTrainer:
 
     # -- weights and checkpoints -----------------------------------------------------------
 
-    def export_weights(self, path: Path) -> Path:
-        """Write the current weights as safetensors; ``path`` is a directory (``model.safetensors``
-        inside) or a ``.safetensors`` file. Returns the file, for ``/update_weights_from_path``."""
+    def export_weights(self, directory: Path, dtype: torch.dtype | str | None = None) -> Path:
+        """Write the current weights (cast to ``dtype``) as ``directory/model.safetensors``; returns
+        the directory, which is what engines reload from. A collective under FSDP: every process
+        calls it, the main process writes."""
         from fineenvs.engine.weights import save_safetensors
 
-        path = Path(path)
-        target = path if path.suffix == ".safetensors" else path / "model.safetensors"
-        state = self.state_dict()  # a collective under FSDP: every process calls export_weights
+        directory = Path(directory)
+        if directory.suffix == ".safetensors":
+            raise ValueError(
+                f"export_weights writes a directory (model.safetensors inside), got the file {directory}"
+            )
+        state = self.state_dict(dtype)
         if self.accelerator.is_main_process:
-            written = save_safetensors(state, target.parent)
-            if written != target:
-                written.replace(target)
+            save_safetensors(state, directory)
         self.accelerator.wait_for_everyone()
-        return target
+        return directory
 
     def save_checkpoint(self, directory: Path) -> Path:
         from fineenvs.train.checkpoint import save_checkpoint

@@ -229,6 +229,7 @@ class TrlLoss:
         max_grad_norm: float,
         seed: int,
         use_cpu: bool,
+        process_timeout_s: int = 1800,
     ) -> None:
         check_trl_internals()
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -258,7 +259,8 @@ class TrlLoss:
             max_grad_norm=max_grad_norm,
             seed=seed,
             use_cpu=use_cpu,
-            bf16=False,
+            ddp_timeout=process_timeout_s,
+            bf16=False,  # fineenvs.train.grpo autocasts itself, over float32 weights
             fp16=False,
             gradient_checkpointing=False,  # the caller enables it on the model
             disable_dropout=True,

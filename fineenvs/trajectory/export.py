@@ -64,6 +64,7 @@ def row_from_dict(data: dict[str, Any]) -> Row:
         metadata=dict(data.get("metadata") or {}),
         loss_weight=None if data.get("loss_weight") is None else [float(x) for x in data["loss_weight"]],
         cut=bool(data.get("cut", False)),
+        weight_version=None if data.get("weight_version") is None else int(data["weight_version"]),
     )
 
 
@@ -209,9 +210,13 @@ def _features() -> datasets.Features:
             "trainable": Value("bool"),
             "prompt_len": Value("int64"),
             "cut": Value("bool"),
+            "weight_version": Value("int64"),
             "metadata": Value("string"),  # JSON text: metadata differs between harnesses
         }
     )
+
+
+_OPTIONAL_COLUMNS = {"weight_version"}  # added after schema version 1; older files lack it
 
 
 def rows_to_dataset(rows: list[Row]) -> datasets.Dataset:
@@ -233,12 +238,13 @@ def rows_to_dataset(rows: list[Row]) -> datasets.Dataset:
         columns["trainable"].append(r.trainable)
         columns["prompt_len"].append(r.prompt_len)
         columns["cut"].append(r.cut)
+        columns["weight_version"].append(r.weight_version)
         columns["metadata"].append(json.dumps(r.metadata, sort_keys=True))
     return Dataset.from_dict(columns, features=_features())
 
 
 def dataset_to_rows(ds: datasets.Dataset) -> list[Row]:
-    missing = set(_features()) - set(ds.column_names)
+    missing = set(_features()) - set(ds.column_names) - _OPTIONAL_COLUMNS
     if missing:
         raise SchemaError(f"row dataset lacks columns {sorted(missing)}; was it written by rows_to_dataset?")
     out = []

@@ -87,6 +87,9 @@ class Row:
     metadata: dict[str, Any] = field(default_factory=dict)
     loss_weight: list[float] | None = None
     cut: bool = False  # shortened by the "split" rule
+    weight_version: int | None = None
+    """Oldest engine weight version among the trained calls on the path (None: none reported);
+    what the row's staleness is measured against."""
 
     @property
     def n_trainable(self) -> int:
@@ -180,6 +183,7 @@ def _make_row(
     logprobs = [0.0] * n
     starts: list[int] = []
     ends: list[int] = []
+    versions: list[int] = []
     for i in path:
         a, b = graph.entry_span(i)
         starts.append(a)
@@ -188,6 +192,8 @@ def _make_row(
         if b > a and logprob_problem(header, b - a) is None and header.logprobs is not None:
             mask[a:b] = [1] * (b - a)
             logprobs[a:b] = header.logprobs
+            if isinstance(header.weight_version, int):
+                versions.append(header.weight_version)
     ids = [graph.entry_header(i).node_id for i in path]
     return Row(
         row_id=ids[-1],
@@ -201,6 +207,7 @@ def _make_row(
         trainable=role != "discarded" and any(mask),
         prompt_len=graph.entry_span(path[0])[0],
         metadata=dict(metadata),  # per row: consumers may annotate one row without touching the rest
+        weight_version=min(versions) if versions else None,
     )
 
 
@@ -231,6 +238,7 @@ def _truncate(row: Row, keep: int) -> Row:
         prompt_len=row.prompt_len,
         metadata=row.metadata,
         cut=True,
+        weight_version=row.weight_version,  # over the whole path: conservative for the kept calls
     )
 
 

@@ -94,11 +94,18 @@ def test_vllm_reload_sequence(tmp_path: Path) -> None:
     sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
     assert sync.push(state_dict(), 7) == 7
     assert rec.paths == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
-    assert rec.calls[0][2] == {"mode": "wait"}  # drain in-flight requests before the change
+    # keep: running requests freeze and new ones queue; wait/abort would answer agents 503.
+    assert rec.calls[0][2] == {"mode": "keep"}
     rpc = rec.calls[1][3]
     assert rpc["method"] == "reload_weights"
+    # A directory: vLLM's reload_weights takes anything else for a Hugging Face repo id.
+    assert Path(rpc["kwargs"]["weights_path"]).is_dir()
     assert (Path(rpc["kwargs"]["weights_path"]) / "model.safetensors").is_file()
     assert rec.calls[2][3] == {"new_version": "7"}
+    with pytest.raises(ValueError, match="directory"):
+        sync.push(Path(rpc["kwargs"]["weights_path"]) / "model.safetensors", 8)
+    sync.announce(0)
+    assert rec.calls[-1][1:] == ("/update_weight_version", {}, {"new_version": "0"})
 
 
 def test_vllm_reload_resumes_even_when_reload_fails(tmp_path: Path) -> None:
@@ -174,7 +181,7 @@ def test_vllm_nccl_sequence() -> None:
     assert rec.paths[2:] == update + update, "connect once, then one drained handshake per push"
     assert nccl.connected == [("10.0.0.1", 29555, 3)]  # vLLM world size 2 + the trainer
     assert rec.calls[1][3]["init_info"]["world_size"] == 3
-    assert rec.calls[2][2] == {"mode": "wait"}
+    assert rec.calls[2][2] == {"mode": "keep"}
     assert rec.calls[4][3] == {
         "update_info": {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"], "shapes": [[2, 3], [4]]}
     }
@@ -196,10 +203,11 @@ def test_vllm_nccl_resumes_after_a_failed_update_and_refuses_checkpoint_dirs(tmp
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_nccl_transport_imports_vllm_only_when_used() -> None:
+def test_nccl_transport_imports_vllm_only_when_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fineenvs.engine.weights import VLLMNcclTransport
 
+    monkeypatch.setenv("FINEENVS_VLLM_CLIENT", str(tmp_path / "no-client"))
     transport = VLLMNcclTransport()  # constructing must not need vllm
     control = VLLMControlPlane("http://vllm", httpx.Client(transport=httpx.MockTransport(Recorder())))
-    with pytest.raises(ModuleNotFoundError, match="vllm"):
+    with pytest.raises(ImportError, match="install-vllm-client"):
         transport.connect(control, master_address="127.0.0.1", master_port=1, world_size=2, weights={})

@@ -58,10 +58,13 @@ def _reply(**extra: Any) -> bytes:
 def test_decode_reply_hoists_sglang_prompt_ids_and_weight_versions() -> None:
     data = orjson.loads(_reply())
     data["choices"][0]["prompt_token_ids"] = [1, 2, 9]
-    data["choices"][0]["weight_versions"] = [3]
+    # vLLM 0.33's WeightVersionSpan list (return_weight_versions): labels are strings.
+    data["choices"][0]["weight_versions"] = [{"version": "3", "start": 0, "end": 2}]
     result = decode_reply(EngineResponse(200, orjson.dumps(data)), attempts=1, upstream_s=0.0)
     assert result.prompt is not None and _ids(result.prompt) == [1, 2, 9]
-    assert result.weight_version == [3] and result.logprobs == [-0.5, 0.0] and result.logprobs_aligned
+    assert result.weight_version == 3 and result.logprobs == [-0.5, 0.0] and result.logprobs_aligned
+    assert result.weight_versions == [{"version": "3", "start": 0, "end": 2}]
+    assert "weight_versions" not in result.completion["choices"][0]  # not forwarded to agents
     result = decode_reply(
         EngineResponse(200, _reply(prompt_token_ids=[7], weight_version=5)), attempts=1, upstream_s=0
     )
@@ -70,6 +73,40 @@ def test_decode_reply_hoists_sglang_prompt_ids_and_weight_versions() -> None:
         result.completion["usage"]["prompt_tokens"] == 1
         and result.completion["usage"]["completion_tokens"] == 2
     )
+
+
+def test_weight_version_is_the_oldest_span_and_none_before_a_version_is_set() -> None:
+    data = orjson.loads(_reply(prompt_token_ids=[1]))
+    # Frozen across a push (pause mode keep): the first token by version 6, the second by 7.
+    data["choices"][0]["weight_versions"] = [
+        {"version": "6", "start": 0, "end": 1},
+        {"version": "7", "start": 1, "end": 2},
+    ]
+    assert decode_reply(EngineResponse(200, orjson.dumps(data)), attempts=1, upstream_s=0).weight_version == 6
+    data["choices"][0]["weight_versions"] = [{"version": "default", "start": 0, "end": 2}]
+    result = decode_reply(EngineResponse(200, orjson.dumps(data)), attempts=1, upstream_s=0)
+    assert result.weight_version is None and "'default'" in result.notes[-1]
+
+
+def test_vllm_placeholder_logprob_makes_the_call_context_only() -> None:
+    data = orjson.loads(_reply(prompt_token_ids=[1]))
+    data["choices"][0]["logprobs"]["content"][0]["logprob"] = -9999.0  # vLLM: no logprob known
+    result = decode_reply(EngineResponse(200, orjson.dumps(data)), attempts=1, upstream_s=0)
+    assert result.logprobs is None and not result.logprobs_aligned and "placeholder" in result.notes[0]
+
+
+def test_engine_request_forces_token_metadata_and_keeps_the_agents_reasoning_choice() -> None:
+    from fineenvs.proxy.settings import ProxySettings
+    from fineenvs.proxy.upstream import build_engine_request
+
+    settings = ProxySettings(upstream_url="http://engine", served_model="m")
+    req = build_engine_request(
+        {"messages": [{"role": "user", "content": "x"}], "include_reasoning": False}, settings
+    )
+    assert req.body["include_reasoning"] is True and req.hide_reasoning
+    assert req.body["return_weight_versions"] is True and req.body["return_token_ids"] is True
+    plain = build_engine_request({"messages": [{"role": "user", "content": "x"}]}, settings)
+    assert not plain.hide_reasoning and plain.body["include_reasoning"] is True
 
 
 def test_positive_logprob_flags_the_turn() -> None:

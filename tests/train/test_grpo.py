@@ -312,10 +312,14 @@ def test_exported_weights_reload_into_the_engine_and_stay_on_policy(
     trainer.step(sampled_rows(qwen_dir, attempts=4, seed=30))
     assert pushed == [1]
     path = trainer.export_weights(tmp_path / "push")
-    assert path == tmp_path / "push" / "model.safetensors" and path.is_file()
-    single = trainer.export_weights(tmp_path / "flat" / "v1.safetensors")
-    assert single == tmp_path / "flat" / "v1.safetensors" and single.is_file()
-    assert not (tmp_path / "flat" / "model.safetensors").exists()
+    # A directory: what vLLM's reload_weights(weights_path=...) and the embedded engine load.
+    assert path == tmp_path / "push" and (path / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="writes a directory"):
+        trainer.export_weights(tmp_path / "flat" / "v1.safetensors")
+    half = trainer.export_weights(tmp_path / "half", dtype="bfloat16")
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(str(half / "model.safetensors")).values()} == {torch.bfloat16}
 
     gen = Generator(qwen_dir, dtype="float32")
     gen.load_weights(path, version=1)

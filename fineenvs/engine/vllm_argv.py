@@ -1,0 +1,157 @@
+"""Run under vLLM's own Python (not fineenvs'): vLLM 0.33's ``vllm serve`` parser as a tool.
+
+    <vllm python> vllm_argv.py parse serve MODEL --flag ...   parse + validate, print JSON
+    <vllm python> vllm_argv.py options                        the serve option table, as JSON
+
+``parse`` builds the parser exactly as ``vllm.entrypoints.cli.main.main`` does for ``serve``,
+parses, runs ``ServeSubcommand.validate`` (``validate_parsed_serve_args``: the chat template must
+be a readable file, auto tool choice needs a parser, ...) and converts the namespace with
+``AsyncEngineArgs.from_cli_args`` as ``vllm serve`` does before starting the engine. It prints
+``{"ok": true, "args": {...}}`` or ``{"ok": false, "error": "..."}`` (exit code 2).
+
+On a machine without a GPU, vLLM cannot infer a device and its config dataclasses refuse to be
+built ("Failed to infer device type"), which the parser needs for its defaults. The same as
+``vllm bench`` does in ``vllm/entrypoints/cli/main.py``, ``current_platform`` is set to vLLM's
+``CpuPlatform`` first; nothing is started, so only defaults that depend on the platform differ.
+
+This file imports nothing from fineenvs: it is executed by path with the vLLM venv's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from typing import Any
+
+# Run by path, Python puts this folder first on sys.path, where fineenvs' own vllm.py would
+# shadow the vllm package.
+if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+    sys.path.pop(0)
+
+
+def _parser() -> Any:
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+    import vllm.entrypoints.cli.serve as serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    sub = parser.add_subparsers(required=False, dest="subparser")
+    cmds = {}
+    for cmd in serve.cmd_init():
+        cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
+        cmds[cmd.name] = cmd
+    return parser, sub, cmds
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return repr(value)
+
+
+def parse(argv: list[str]) -> int:
+    parser, _, cmds = _parser()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+    except SystemExit:
+        print(json.dumps({"ok": False, "error": err.getvalue().strip().splitlines()[-1:]}))
+        return 2
+    try:
+        cmds[args.subparser].validate(args)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        if getattr(args, "model_tag", None) is not None:
+            args.model = args.model_tag
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+    except Exception as exc:  # noqa: BLE001 - every refusal is the answer
+        print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+        return 2
+    out = {k: _jsonable(v) for k, v in vars(args).items() if k != "dispatch_function"}
+    out["engine_args.model"] = engine_args.model
+    out["engine_args.logprobs_mode"] = _jsonable(engine_args.logprobs_mode)
+    print(json.dumps({"ok": True, "args": out}))
+    return 0
+
+
+def _value_kind(fn: Any) -> str:
+    if fn is None:
+        return "str"
+    name = getattr(fn, "__name__", "")
+    if name == "_optional_type" and fn.__closure__:
+        return _value_kind(fn.__closure__[0].cell_contents)
+    if name == "_parse_type" and fn.__closure__:
+        inner = fn.__closure__[0].cell_contents
+        return "json" if getattr(inner, "__name__", "") == "loads" else "str"
+    if name == "human_readable_int":
+        return "human_int"
+    if name == "human_readable_int_or_auto":
+        return "human_int_or_auto"
+    if fn is int:
+        return "int"
+    if fn is float:
+        return "float"
+    if name in ("loads", "parse_dataclass"):
+        return "json"
+    if name == "union_dict_and_str":
+        return "json_or_str"
+    return "str"
+
+
+def options() -> int:
+    import importlib.metadata
+
+    _, sub, _ = _parser()
+    serve = sub.choices["serve"]
+    table = []
+    for action in serve._actions:
+        kind = type(action).__name__
+        table.append(
+            {
+                "flags": list(action.option_strings),
+                "dest": action.dest,
+                "action": {
+                    "_StoreAction": "store",
+                    "_StoreTrueAction": "store_true",
+                    "_StoreFalseAction": "store_false",
+                    "_AppendAction": "append",
+                    "_HelpAction": "help",
+                    "EnableDisableAction": "enable_disable",
+                }.get(kind, "store"),
+                "nargs": action.nargs,
+                "choices": None if action.choices is None else [str(c) for c in action.choices],
+                "value": _value_kind(action.type),
+            }
+        )
+    print(json.dumps({"vllm": importlib.metadata.version("vllm"), "serve": table}, indent=1))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["parse"]:
+        return parse(argv[1:])
+    if argv[:1] == ["options"]:
+        return options()
+    print(__doc__, file=sys.stderr)
+    return 64
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

