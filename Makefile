@@ -3,13 +3,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help setup smoke test test-slow test-harness test-gpu check bench
+.PHONY: help setup smoke test test-slow test-harness test-vllm test-gpu check bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
 	@echo "make test         install everything, run the default test tier"
 	@echo "make test-slow    integration tier (tiny models trained on CPU, real servers, end to end)"
 	@echo "make test-harness real agent CLIs end to end through the proxy"
+	@echo "make test-vllm    vLLM 0.33's own parser, protocol models and NCCL trainer engine (CPU)"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make check        ruff + mypy"
 	@echo "make bench        engine, proxy and tree benchmarks"
@@ -28,6 +29,11 @@ test-slow: setup
 
 test-harness: setup
 	$(PYTEST) -q -m harness
+
+test-vllm: setup
+	scripts/vllm-cpu-env.sh
+	$(PY) -m fineenvs.engine install-vllm-client
+	$(PYTEST) -q -m vllm
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu

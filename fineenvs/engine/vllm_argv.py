@@ -1,6 +1,7 @@
 """Run under vLLM's own Python (not fineenvs'): vLLM 0.33's ``vllm serve`` parser as a tool.
 
     <vllm python> vllm_argv.py parse serve MODEL --flag ...   parse + validate, print JSON
+    <vllm python> vllm_argv.py parse-many < argvs.json        the same for a JSON list of argvs
     <vllm python> vllm_argv.py options                        the serve option table, as JSON
 
 ``parse`` builds the parser exactly as ``vllm.entrypoints.cli.main.main`` does for ``serve``,
@@ -65,15 +66,14 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def parse(argv: list[str]) -> int:
+def _parse_one(argv: list[str]) -> dict[str, Any]:
     parser, _, cmds = _parser()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             args = parser.parse_args(argv)
     except SystemExit:
-        print(json.dumps({"ok": False, "error": err.getvalue().strip().splitlines()[-1:]}))
-        return 2
+        return {"ok": False, "error": " ".join(err.getvalue().strip().splitlines()[-1:])}
     try:
         cmds[args.subparser].validate(args)
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -82,12 +82,21 @@ def parse(argv: list[str]) -> int:
             args.model = args.model_tag
         engine_args = AsyncEngineArgs.from_cli_args(args)
     except Exception as exc:  # noqa: BLE001 - every refusal is the answer
-        print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
-        return 2
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     out = {k: _jsonable(v) for k, v in vars(args).items() if k != "dispatch_function"}
     out["engine_args.model"] = engine_args.model
     out["engine_args.logprobs_mode"] = _jsonable(engine_args.logprobs_mode)
-    print(json.dumps({"ok": True, "args": out}))
+    return {"ok": True, "args": out}
+
+
+def parse(argv: list[str]) -> int:
+    result = _parse_one(argv)
+    print(json.dumps(result))
+    return 0 if result["ok"] else 2
+
+
+def parse_many() -> int:
+    print(json.dumps([_parse_one(list(argv)) for argv in json.load(sys.stdin)]))
     return 0
 
 
@@ -147,6 +156,8 @@ def options() -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["parse"]:
         return parse(argv[1:])
+    if argv[:1] == ["parse-many"]:
+        return parse_many()
     if argv[:1] == ["options"]:
         return options()
     print(__doc__, file=sys.stderr)

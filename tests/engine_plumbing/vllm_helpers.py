@@ -64,16 +64,16 @@ def run_in_vllm_env(script: str, payload: Any = None, timeout: int = 300) -> Any
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def vllm_parse(argv: list[str]) -> dict[str, Any]:
-    """``vllm_argv.py parse`` with vLLM's python: ``{"ok": ..., "args"|"error": ...}``."""
+def vllm_parse_many(argvs: list[list[str]]) -> list[dict[str, Any]]:
+    """``vllm_argv.py parse-many``: one vLLM import for many command lines."""
     done = subprocess.run(
-        [str(vllm_python()), str(VLLM_ARGV), "parse", *argv],
+        [str(vllm_python()), str(VLLM_ARGV), "parse-many"],
+        input=json.dumps(argvs),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd="/",
     )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"vllm_argv.py printed nothing (rc {done.returncode}): {done.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
