@@ -1,11 +1,16 @@
-"""``python -m fineenvs.bench {engine|proxy|tree} [args]``: benchmarks that print their figures."""
+"""``python -m fineenvs.bench {engine|proxy|tree|gpu} [args]``: benchmarks that print their figures."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHES = {"engine": "fineenvs.bench.engine", "proxy": "fineenvs.bench.proxy", "tree": "fineenvs.bench.tree"}
+BENCHES = {
+    "engine": "fineenvs.bench.engine",
+    "proxy": "fineenvs.bench.proxy",
+    "tree": "fineenvs.bench.tree",
+    "gpu": "fineenvs.bench.gpu",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

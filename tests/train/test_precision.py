@@ -80,3 +80,21 @@ def test_plain_bf16_weights_would_lose_the_step(tiny_qwen_dir: Path) -> None:
 def test_float16_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="bfloat16"):
         GRPOTrainerSettings(dtype="float16").check()
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
+    """``scripts/gpu-check.sh`` runs ``fineenvs.bench gpu``; its CPU mode keeps it from rotting."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, "-m", "fineenvs.bench", "gpu", "--device", "cpu", "--quick", "--dtype", "bfloat16"]
+    done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert [f["model"] for f in figures] == ["tiny_qwen", "tiny_lfm2", "tiny_qwen3_5"]
+    for f in figures:
+        assert f["dtype"] == "bfloat16" and f["step_s_median"] > 0 and f["tokens_per_s"] > 0
+        assert f["peak_memory_gb"] > 0 and abs(f["train_ratio_step0"] - 1.0) < 5e-2  # bf16 vs bf16 noise
