@@ -303,7 +303,13 @@ async def _run_rl(run: RunConfig) -> float:
         require_training_grade(report)
         proxy_url = start_proxy(run, engine, out, stack)
         print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
-        pushing = sync is not WeightSyncKind.none and engine.weight_sync is not None
+        pushing = sync is not WeightSyncKind.none
+        if pushing and engine.weight_sync is None:
+            raise RunAborted(
+                f"weight sync is {sync.value} but the {engine.kind} engine at {engine.url} has no weight "
+                "transport: the trainer's updates would never reach it. Fix: engine.weight_sync=reload (vLLM) "
+                "or http (embedded engine), or engine.weight_sync=none to train without pushing."
+            )
         if pushing:
             if resume is not None:
                 await asyncio.to_thread(push_weights, engine.weight_sync)

@@ -52,7 +52,7 @@ def start_engine(
 
     e = run.engine
     if e.url:
-        return attach(e.url)
+        return attach(e.url, weight_sync=attached_weight_sync(run, e.url, out))
     if e.kind is EngineKind.transformers:
         # The directory the trainer loads (a tiny model is built for model.seed), so engine and
         # trainer always hold the same weights.
@@ -81,6 +81,23 @@ def start_engine(
     print(f"vLLM GPUs: {devices.reason}", flush=True)
     args = prepare_chat_template(args)  # vLLM refuses to start on a template it cannot open
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
+
+
+def attached_weight_sync(run: RunConfig, url: str, out: Path) -> Any:
+    """How the trainer pushes into a server someone else started (``engine.url``)."""
+    from fineenvs.config import WeightSyncKind
+    from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync
+    from fineenvs.plan import effective_weight_sync
+
+    base = url.rstrip("/").removesuffix("/v1")
+    sync = effective_weight_sync(run)
+    if sync is WeightSyncKind.reload:
+        return VLLMReloadWeightSync(base, out / "engine" / "weights")
+    if sync is WeightSyncKind.nccl:
+        return VLLMNcclWeightSync(base)
+    if sync is WeightSyncKind.http:
+        return EmbeddedWeightSync(base, out / "engine" / "weights")
+    return None
 
 
 def engine_dtype(run: RunConfig) -> str:

@@ -35,8 +35,13 @@ weights do not change on that path; ``reload_weights`` does change them. Also no
 other than ``processed_logprobs``, streaming from the engine, multiple GPUs, LoRA, the scale-out
 routes, guided decoding.
 
-    python -m fineenvs.engine.standin install DIR     DIR/bin/vllm + DIR/bin/python
-    DIR/bin/vllm serve MODEL --port 8000 ...          what the launcher runs
+    python -m fineenvs.engine.standin install DIR [--gpus N]   DIR/bin/vllm + DIR/bin/python
+    DIR/bin/vllm serve MODEL --port 8000 ...                   what the launcher runs
+
+``--gpus N`` also writes ``DIR/bin/nvidia-smi``, listing N stand-in GPUs, so that with ``DIR/bin``
+first on ``PATH`` the launcher's GPU checks and its split of GPUs between vLLM and the trainer
+run on a CPU machine (the trainer then runs on the CPU; the stand-in reports the
+``CUDA_VISIBLE_DEVICES`` it was given).
 """
 
 from __future__ import annotations
@@ -605,11 +610,22 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- entry points
 
 
-def install(directory: Path, python: str | None = None) -> Path:
+def install(directory: Path, python: str | None = None, gpus: int = 0) -> Path:
     """Make ``directory`` look like a vLLM venv to the launcher: ``bin/vllm`` (this stand-in) and
-    ``bin/python``; then ``engine.python=<directory>/bin/python``. Returns that python."""
+    ``bin/python``; then ``engine.python=<directory>/bin/python``. ``gpus`` > 0 adds a
+    ``bin/nvidia-smi`` that lists that many stand-in GPUs. Returns the python."""
     bin_dir = Path(directory).resolve() / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    if gpus > 0:
+        listing = "\n".join(
+            f'echo "GPU {i}: fineenvs stand-in GPU, not a GPU (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)"'
+            for i in range(gpus)
+        )
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(
+            f"#!/bin/sh\n# fineenvs' vLLM stand-in: lists {gpus} pretend GPUs (nvidia-smi -L)\n{listing}\n"
+        )
+        smi.chmod(0o755)
     exe = python or sys.executable
     script = bin_dir / "vllm"
     script.write_text(
@@ -628,10 +644,13 @@ def install(directory: Path, python: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["install"]:
-        if len(argv) != 2:
-            print("usage: python -m fineenvs.engine.standin install DIR", file=sys.stderr)
-            return 2
-        print(install(Path(argv[1])))
+        parser = argparse.ArgumentParser(prog="python -m fineenvs.engine.standin install")
+        parser.add_argument("dir", type=Path)
+        parser.add_argument(
+            "--gpus", type=int, default=0, help="also write bin/nvidia-smi listing N stand-in GPUs"
+        )
+        opts = parser.parse_args(argv[1:])
+        print(install(opts.dir, gpus=opts.gpus))
         return 0
     if argv[:1] in (["--version"], ["-v"]):
         print(f"{VLLM_VERSION} (fineenvs stand-in)")

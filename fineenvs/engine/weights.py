@@ -288,6 +288,12 @@ class VLLMNcclTransport:
         )
 
     def send(self, weights: Mapping[str, torch.Tensor]) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            # NCCL broadcasts device memory; a gathered (FSDP) state dict may sit on the CPU.
+            device = torch.device("cuda", torch.cuda.current_device())
+            weights = {k: v if v.device == device else v.to(device) for k, v in weights.items()}
         self._source.current = weights
         self._engine.send_weights()
 

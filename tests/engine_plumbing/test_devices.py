@@ -87,9 +87,9 @@ def test_a_run_splits_the_gpus_before_cuda_starts(tmp_path: Path, monkeypatch: p
     from fineenvs.plan import describe_plan, preflight
     from fineenvs.stack import apply_trainer_devices
 
-    from .vllm_helpers import fake_nvidia_smi
+    from .vllm_helpers import install_standin
 
-    fake_nvidia_smi(tmp_path / "bin", gpus=2)
+    install_standin(tmp_path, gpus=2)  # tmp_path/bin/nvidia-smi lists two stand-in GPUs
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # recorded, so the run's own value is undone after
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

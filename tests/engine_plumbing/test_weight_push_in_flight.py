@@ -109,6 +109,8 @@ def test_pushes_under_32_agents_surface_no_error(stack: Any) -> None:
         data = store.read_session(session.name)
         assert not [e for e in data["events"] if e.get("kind") in ("upstream_error", "upstream_rejected")]
         spans += [[s["version"] for s in c["weight_versions"]] for c in data["calls"]]
+    two = sum(1 for s in spans if len(s) == 2)
+    print(f"keep: {len(statuses)} calls by {AGENTS} agents over 3 pushes, all 200; {two} sampled by two versions")
     # Calls frozen across a push were sampled by two versions, and the record says so.
     assert any(len(s) == 2 and int(s[1]) == int(s[0]) + 1 for s in spans), spans[:20]
     assert {v for s in spans for v in s} >= {"0", "1", "2", "3"}
@@ -121,6 +123,7 @@ def test_the_old_pause_mode_would_fail_agents(stack: Any, monkeypatch: pytest.Mo
     engine, proxy, weights = stack
     started = time.monotonic()
     statuses = _run_pushes(engine, weights, proxy.url)
+    print(f"wait: {len(statuses)} calls, {statuses.count(502)} answered 502 to the agent")
     assert 502 in statuses, (
         f"{time.monotonic() - started:.0f} s",
         {s: statuses.count(s) for s in set(statuses)},

@@ -16,25 +16,12 @@ from fineenvs.paths import REPO_ROOT, cache_dir
 VLLM_ARGV = REPO_ROOT / "fineenvs" / "engine" / "vllm_argv.py"
 
 
-def fake_nvidia_smi(bin_dir: Path, gpus: int = 2) -> Path:
-    """An ``nvidia-smi`` that lists ``gpus`` GPUs (``-L``), so the launcher's GPU checks and
-    device split run on a CPU machine; put ``bin_dir`` first on PATH."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    lines = "\n".join(
-        f'echo "GPU {i}: NVIDIA Stand-in GPU (UUID: GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-0000-0000-000000000000)"'
-        for i in range(gpus)
-    )
-    path = bin_dir / "nvidia-smi"
-    path.write_text(f"#!/bin/sh\n# test stand-in for nvidia-smi -L\n{lines}\n")
-    path.chmod(0o755)
-    return path
-
-
-def install_standin(directory: Path) -> Path:
-    """``<directory>/bin/{vllm,python}``: what ``engine.python`` points at."""
+def install_standin(directory: Path, gpus: int = 0) -> Path:
+    """``<directory>/bin/{vllm,python}``: what ``engine.python`` points at; with ``gpus``, also a
+    ``bin/nvidia-smi`` listing that many stand-in GPUs (put ``bin`` first on PATH)."""
     from fineenvs.engine.standin import install
 
-    return install(directory)
+    return install(directory, gpus=gpus)
 
 
 def vllm_python() -> Path:

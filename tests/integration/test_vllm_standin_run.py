@@ -27,7 +27,7 @@ import torch
 
 from fineenvs.harnesses import check_installed
 from fineenvs.paths import REPO_ROOT
-from tests.engine_plumbing.vllm_helpers import fake_nvidia_smi, install_standin
+from tests.engine_plumbing.vllm_helpers import install_standin
 
 pytestmark = pytest.mark.slow
 
@@ -61,9 +61,8 @@ def test_rl_multi_runs_on_the_vllm_standin(tmp_path: Path) -> None:
     problems = check_installed(HARNESSES)
     if problems:
         pytest.fail("the run needs its agent CLIs: " + "; ".join(problems))
-    python = install_standin(tmp_path / "standin")
-    gpu_bin = tmp_path / "gpu-bin"
-    fake_nvidia_smi(gpu_bin, gpus=2)
+    python = install_standin(tmp_path / "standin", gpus=2)  # bin/nvidia-smi lists two stand-in GPUs
+    gpu_bin = python.parent
     out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "fineenvs.run", "+experiment=rl_multi", "model=tiny_lfm2",
