@@ -341,6 +341,16 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         except json.JSONDecodeError as exc:
             raise ValueError(f"JSON decode error: {exc}") from None
 
+    def failed(message: str) -> Response:
+        # What vLLM answers when a worker raises (its exception handler's InternalServerError body).
+        return error(message, 500, "InternalServerError")
+
+    async def embedded(request: Request, field: str) -> tuple[Any, Response | None]:
+        """FastAPI's ``Body(embed=True)``: the field of a JSON object, or its 422 when absent."""
+        body = await body_of(request)
+        value = body.get(field) if isinstance(body, dict) else None
+        return value, (missing(field) if value is None else None)
+
     def missing(field: str, where: str = "body") -> Response:
         # FastAPI's 422 body for a missing embedded Body() field.
         return JSONResponse(
@@ -395,15 +405,14 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         return JSONResponse({"world_size": rl.world_size_across_dp if include_dp else rl.world_size})
 
     def not_configured() -> Response:
-        return error(
-            "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer.",
-            500,
-            "InternalServerError",
+        return failed(
+            "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer."
         )
 
     async def init_transfer(request: Request) -> Response:
-        body = await body_of(request)
-        info = body.get("init_info") if isinstance(body, dict) else None
+        info, refused = await embedded(request, "init_info")
+        if refused is not None:
+            return refused
         if not isinstance(info, dict):
             return missing("init_info")
         if rl.backend is None:
@@ -412,17 +421,13 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         absent = sorted(k for k, required in NCCL_INIT_FIELDS.items() if required and k not in info)
         if unknown or absent:
             what = f"unexpected {unknown}" if unknown else f"missing required {absent}"
-            return error(
-                f"Invalid init_info for NCCLWeightTransferEngine: NCCLWeightTransferInitInfo got {what}",
-                500,
-                "InternalServerError",
+            return failed(
+                f"Invalid init_info for NCCLWeightTransferEngine: NCCLWeightTransferInitInfo got {what}"
             )
         if (info.get("master_address") is None) == (info.get("nccl_unique_id_b64") is None):
-            return error(
+            return failed(
                 "NCCLWeightTransferInitInfo: provide exactly one of master_address+master_port or "
-                "nccl_unique_id_b64",
-                500,
-                "InternalServerError",
+                "nccl_unique_id_b64"
             )
         rl.transfer_init = info
         event("init_weight_transfer_engine", init_info=info)
@@ -435,30 +440,25 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         if rl.backend is None:
             return not_configured()
         if rl.update_active:
-            return error(
+            return failed(
                 "start_weight_update called while a weight update is already active. Call "
-                "finish_weight_update first.",
-                500,
-                "InternalServerError",
+                "finish_weight_update first."
             )
         rl.update_active = True
         event("start_weight_update")
         return JSONResponse({"message": "Weight update started"})
 
     async def update(request: Request) -> Response:
-        body = await body_of(request)
-        info = body.get("update_info") if isinstance(body, dict) else None
-        if info is None:
-            return missing("update_info")
+        info, refused = await embedded(request, "update_info")
+        if refused is not None:
+            return refused
         if rl.backend is None:
             return not_configured()
         if not rl.update_active:
-            return error(
-                "start_weight_update must be called before update_weights.", 500, "InternalServerError"
-            )
+            return failed("start_weight_update must be called before update_weights.")
         if not isinstance(info, dict) or set(info) - set(NCCL_UPDATE_FIELDS):
             rl.update_active = False
-            return error(f"Invalid update_info: {info!r}", 500, "InternalServerError")
+            return failed(f"Invalid update_info: {info!r}")
         names = list(info.get("names") or [])
         if not names and rl.last_update is not None:
             info = rl.last_update  # empty lists reuse the previous round's metadata
@@ -469,13 +469,13 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         if len(lengths) != 1 or bad:
             rl.update_active = False
             why = f"unknown parameters {bad[:3]}" if bad else "names, dtype_names and shapes differ in length"
-            return error(f"update_weights: {why}", 500, "InternalServerError")
+            return failed(f"update_weights: {why}")
         wrong = [
             n for n, shape in zip(names, info["shapes"], strict=True) if list(own[n].shape) != list(shape)
         ]
         if wrong:
             rl.update_active = False
-            return error(f"update_weights: shape mismatch for {wrong[:3]}", 500, "InternalServerError")
+            return failed(f"update_weights: shape mismatch for {wrong[:3]}")
         rl.last_update = info
         event("update_weights", parameters=len(names))
         return JSONResponse({"message": "Weights updated"})
@@ -485,11 +485,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         if rl.backend is None:
             return not_configured()
         if not rl.update_active:
-            return error(
-                "finish_weight_update called without a matching start_weight_update.",
-                500,
-                "InternalServerError",
-            )
+            return failed("finish_weight_update called without a matching start_weight_update.")
         rl.update_active = False
         version = body.get("weight_version") if isinstance(body, dict) else None
         if version is not None:
@@ -500,18 +496,15 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
 
     async def shutdown_transfer(request: Request) -> Response:
         if rl.update_active:
-            return error(
-                "Cannot release a trainer connection during a weight update", 500, "InternalServerError"
-            )
+            return failed("Cannot release a trainer connection during a weight update")
         rl.transfer_init = None
         event("shutdown_weight_transfer_engine")
         return JSONResponse({"message": "Weight transfer shut down"})
 
     async def update_version(request: Request) -> Response:
-        body = await body_of(request)
-        new = body.get("new_version") if isinstance(body, dict) else None
-        if new is None:
-            return missing("new_version")
+        new, refused = await embedded(request, "new_version")
+        if refused is not None:
+            return refused
         rl.label = str(new)
         rl.labels[gen.weight_version] = rl.label
         event("update_weight_version", new_version=rl.label)
@@ -531,11 +524,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         if method is None:
             return JSONResponse({"detail": "Missing 'method' in request body"}, status_code=400)
         if method != "reload_weights":
-            return error(
-                f"collective_rpc {method!r}: the stand-in implements reload_weights only",
-                500,
-                "InternalServerError",
-            )
+            return failed(f"collective_rpc {method!r}: the stand-in implements reload_weights only")
         kwargs = body.get("kwargs") or {}
         path = kwargs.get("weights_path")
         if path is None:
@@ -545,16 +534,14 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
             if not target.is_dir():
                 # vLLM sets model_config.model = weights_path and loads from there: anything but a
                 # local directory is taken for a Hugging Face repo id.
-                return error(
+                return failed(
                     f"reload_weights: {path} is not a local directory, so vLLM would look it up as a "
-                    "Hugging Face repo id and fail: pass the directory that holds the *.safetensors files",
-                    500,
-                    "InternalServerError",
+                    "Hugging Face repo id and fail: pass the directory that holds the *.safetensors files"
                 )
         try:
             loaded = await swap_weights(state, gen.load_weights, target, None)
         except (FileNotFoundError, ValueError, RuntimeError, OSError) as exc:
-            return error(f"reload_weights from {target}: {exc}", 500, "InternalServerError")
+            return failed(f"reload_weights from {target}: {exc}")
         rl.labels[gen.weight_version] = rl.label  # vLLM keeps the label until update_weight_version
         event("reload_weights", path=str(target), tensors=len(loaded), frozen=state.worker.frozen)
         return JSONResponse({"results": [None] * rl.world_size})
