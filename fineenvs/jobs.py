@@ -28,10 +28,15 @@ def _runner(job: Job) -> Callable[[RunConfig], float | None]:
 
 def run_job(run: RunConfig) -> float | None:
     """Run the configured job; returns the sweep objective (mean reward or pass@1) when there is one."""
+    from fineenvs.engine.devices import DeviceError
     from fineenvs.rl import RunAborted
     from fineenvs.stack import apply_trainer_devices
 
-    trainer_gpus = apply_trainer_devices(run)  # before anything starts CUDA in this process
+    try:
+        trainer_gpus = apply_trainer_devices(run)  # before anything starts CUDA in this process
+    except DeviceError as err:
+        print(f"fineenvs: cannot split the GPUs: {err}", file=sys.stderr)
+        raise SystemExit(3) from None
     if trainer_gpus is not None:
         print(f"trainer GPUs: CUDA_VISIBLE_DEVICES={trainer_gpus}", flush=True)
     try:

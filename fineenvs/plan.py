@@ -3,6 +3,7 @@ machine checks that must pass before anything starts."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 from dataclasses import fields, is_dataclass
@@ -149,12 +150,16 @@ def device_plan(run: RunConfig, nvidia_smi: str | None = None, env: dict[str, st
         except (OSError, subprocess.TimeoutExpired):
             listing = ""
     e = run.engine
+    source = os.environ if env is None else env
+    # Processes of this run on this machine (accelerate launch / torchrun set these).
+    processes = int(source.get("LOCAL_WORLD_SIZE") or source.get("WORLD_SIZE") or 1)
     return plan_devices(
         parse_nvidia_smi(listing),
         visible=visible_from_env(env),
         engine_devices=[str(d) for d in e.devices],
         needed=e.tensor_parallel_size * e.data_parallel_size,
         training=trains(run),
+        trainer_processes=processes,
     )
 
 

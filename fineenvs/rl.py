@@ -252,13 +252,6 @@ async def _run_rl(run: RunConfig) -> float:
         seed=s.seed,
     )
     digest = schedule_hash(schedule)
-    (out / "schedule.json").write_text(json.dumps({"hash": digest, "groups": [asdict(g) for g in schedule]}))
-    state_path = out / "rollout_state.json"
-    ckpt_root = out / "checkpoints"
-    resume = latest_checkpoint(ckpt_root)
-    # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
-    # trained after the last checkpoint were lost with those updates and may run again.
-    state = RolloutState.load_or_new(resume / "rollout_state.json" if resume else state_path, digest)
     rows_cfg = run.rows
     row_options = RowOptions(
         max_tokens=t.token_budget,
@@ -273,14 +266,29 @@ async def _run_rl(run: RunConfig) -> float:
     # Every process builds the trainer (a collective under accelerate); only the main process
     # runs the engine, the proxy and the agents, and the others replay its trainer calls.
     trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
+    lock = Lockstep(trainer)
+    # Each process may have resolved its own timestamped Hydra directory: the main process's wins.
+    out = Path(lock.agree(str(out)))
+    state_path = out / "rollout_state.json"
+    ckpt_root = out / "checkpoints"
+    resume = latest_checkpoint(ckpt_root)
     if resume is not None:
         trainer.load_checkpoint(resume)
         stats.steps = trainer.global_step
-    lock = Lockstep(trainer)
     if not lock.is_main:
         calls = await asyncio.to_thread(lock.follow)
         log.info("process %d replayed %d trainer calls", trainer.accelerator.process_index, calls)
         return 0.0
+    try:
+        (out / "schedule.json").write_text(
+            json.dumps({"hash": digest, "groups": [asdict(g) for g in schedule]})
+        )
+        # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
+        # trained after the last checkpoint were lost with those updates and may run again.
+        state = RolloutState.load_or_new(resume / "rollout_state.json" if resume else state_path, digest)
+    except BaseException:
+        lock.stop()  # release the other processes before failing
+        raise
     if resume is not None:
         print(
             f"Resumed from {resume} (step {stats.steps}, {len(state.consumed)} groups consumed)", flush=True
@@ -288,10 +296,13 @@ async def _run_rl(run: RunConfig) -> float:
     sync = effective_weight_sync(run)
     dtype = engine_dtype(run)
 
+    # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
+    checkpoint_names = sync in (WeightSyncKind.reload, WeightSyncKind.nccl)
+
     def push_weights(weights_sync: Any) -> None:
         # The state dict in the engine's dtype: NCCL broadcasts it, reload and the embedded
         # engine stage it as a safetensors directory. A gather under FSDP: every process joins.
-        weights = lock.call("state_dict", dtype)
+        weights = lock.call("state_dict", dtype, checkpoint_names)
         weights_sync.push(weights, trainer.policy_version)
 
     with ExitStack() as stack:

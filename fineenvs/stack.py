@@ -120,6 +120,7 @@ def apply_trainer_devices(run: RunConfig) -> str | None:
         return None
     value = ",".join(plan.trainer)
     os.environ["CUDA_VISIBLE_DEVICES"] = value
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the indices are nvidia-smi's
     return value
 
 

@@ -14,7 +14,11 @@ is the caller's own ``CUDA_VISIBLE_DEVICES`` (None when unset: every GPU).
 - unset, training, ``CUDA_VISIBLE_DEVICES`` unset: vLLM gets the last TP x DP GPUs and the trainer
   the rest (the published layout on two GPUs: trainer on GPU 0, vLLM on GPU 1).
 - unset, training, ``CUDA_VISIBLE_DEVICES`` set (``accelerate launch``, a SLURM allocation): the
-  trainer keeps what it was given and vLLM gets the first TP x DP GPUs outside it.
+  trainer keeps what it was given and vLLM gets the first TP x DP GPUs outside it; when there are
+  none outside (a SLURM job sees only its own), the visible GPUs are split as above.
+
+Under several trainer processes on the machine (``accelerate launch --num_processes N``), the
+trainer must keep at least N GPUs.
 """
 
 from __future__ import annotations
@@ -75,8 +79,26 @@ def plan_devices(
     engine_devices: list[str],
     needed: int,
     training: bool,
+    trainer_processes: int = 1,
 ) -> DevicePlan:
-    """Split ``gpus`` between the launched vLLM (``needed`` = TP x DP GPUs) and the trainer."""
+    """Split ``gpus`` between the launched vLLM (``needed`` = TP x DP GPUs) and the trainer, whose
+    ``trainer_processes`` processes on this machine need a GPU each."""
+    plan = _plan(gpus, visible=visible, engine_devices=engine_devices, needed=needed, training=training)
+    if training and trainer_processes > 1:
+        left = plan.trainer if plan.trainer is not None else tuple(visible or ())
+        if len(left) < trainer_processes:
+            raise DeviceError(
+                f"the trainer runs {trainer_processes} processes on this machine (accelerate launch "
+                f"--num_processes) but {len(left)} GPU(s) are left for it ({', '.join(left) or 'none'}) after "
+                f"vLLM's {', '.join(plan.engine)}. Fix: launch {len(left) or 1} trainer process(es), lower "
+                "engine.tensor_parallel_size / engine.data_parallel_size, or run on more GPUs."
+            )
+    return plan
+
+
+def _plan(
+    gpus: list[Gpu], *, visible: list[str] | None, engine_devices: list[str], needed: int, training: bool
+) -> DevicePlan:
     names = {g.index for g in gpus} | {g.uuid for g in gpus if g.uuid}
     if visible is not None:
         unknown = [v for v in visible if v not in names]
@@ -87,6 +109,11 @@ def plan_devices(
             )
     mine = [g for g in gpus if visible is None or any(g.named(v) for v in visible)]
     if engine_devices:
+        if len(set(engine_devices)) != len(engine_devices):
+            raise DeviceError(
+                f"engine.devices={engine_devices} names a GPU twice: vLLM needs distinct GPUs, one per rank. "
+                "Fix: list each GPU once."
+            )
         missing = [d for d in engine_devices if d not in names]
         if missing:
             raise DeviceError(
@@ -141,11 +168,20 @@ def plan_devices(
         )  # fmt: skip
     outside = [g for g in gpus if g not in mine]
     if len(outside) < needed:
+        # A job whose CUDA_VISIBLE_DEVICES names all of its GPUs (SLURM): split within them.
+        if len(mine) >= needed + 1:
+            engine = tuple(g.index for g in mine[-needed:])
+            trainer = tuple(g.index for g in mine[:-needed])
+            return DevicePlan(
+                engine, trainer,
+                f"vLLM on GPU(s) {', '.join(engine)}, trainer on GPU(s) {', '.join(trainer)} (split within "
+                f"CUDA_VISIBLE_DEVICES={','.join(visible)}: no GPU outside it)",
+            )  # fmt: skip
         raise DeviceError(
             f"the trainer was started with CUDA_VISIBLE_DEVICES={','.join(visible)} and vLLM needs {needed} "
-            f"more GPU(s), but only {len(outside)} other GPU(s) exist ({', '.join(g.index for g in outside) or 'none'}). "
-            "Fix: name vLLM's GPUs with engine.devices=[...] outside CUDA_VISIBLE_DEVICES, make fewer GPUs "
-            "visible to the trainer, or attach to a vLLM server elsewhere with engine.url=http://HOST:PORT."
+            f"more GPU(s), but only {len(outside)} other GPU(s) exist ({', '.join(g.index for g in outside) or 'none'}) "
+            "and too few are visible to split. Fix: make one more GPU visible, name vLLM's GPUs with "
+            "engine.devices=[...], or attach to a vLLM server elsewhere with engine.url=http://HOST:PORT."
         )
     engine = tuple(g.index for g in outside[:needed])
     return DevicePlan(

@@ -184,6 +184,10 @@ def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+class NotFrozen(RuntimeError):
+    """A frozen-engine task arrived after the engine was thawed."""
+
+
 class _Worker:
     """The one thread that runs the model: batches of generation jobs and weight swaps, FIFO.
 
@@ -196,9 +200,11 @@ class _Worker:
     on, sampling with the new weights.
     """
 
-    def __init__(self, generator: Generator, max_batch_size: int) -> None:
+    def __init__(self, generator: Generator, max_batch_size: int, decode_delay_s: float = 0.0) -> None:
         self.generator = generator
         self.max_batch_size = max_batch_size
+        self.decode_delay_s = decode_delay_s
+        """Sleep at every pause point: tests of pause timing set a known decoding pace with it."""
         self._jobs: deque[tuple[str, Any, asyncio.Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
@@ -242,12 +248,18 @@ class _Worker:
         return self._frozen
 
     def freeze(self, timeout_s: float = 600.0) -> None:
-        """Block until the worker is parked (blocking: call it from a thread)."""
+        """Block until the worker is parked (blocking: call it from a thread). On a timeout the
+        worker is thawed again and ``TimeoutError`` says so: a failed pause freezes nothing."""
         with self._cv:
             self._frozen = True
             self._cv.notify_all()
             if not self._cv.wait_for(lambda: self._parked or self._stopping, timeout=timeout_s):
-                raise TimeoutError(f"the engine worker did not reach a pause point within {timeout_s} s")
+                self._frozen = False
+                self._cv.notify_all()
+                raise TimeoutError(
+                    f"the engine did not reach a pause point within {timeout_s:.0f} s (one decoding step or "
+                    "weight swap ran longer); it was left running. Retry the pause."
+                )
 
     def thaw(self) -> None:
         with self._cv:
@@ -255,11 +267,13 @@ class _Worker:
             self._cv.notify_all()
 
     def run_frozen(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the parked worker thread and return its result (blocking)."""
+        """Run ``fn(*args)`` on the parked worker thread and return its result (blocking). A task
+        queued when the worker is thawed or stopped still runs (the worker drains its tasks
+        before it leaves the pause point)."""
         box: dict[str, Any] = {}
         with self._cv:
             if not self._parked:
-                raise RuntimeError("run_frozen needs a frozen engine (call freeze() first)")
+                raise NotFrozen("the engine is not frozen (no /pause?mode=keep in effect)")
             self._frozen_tasks.append(((fn, args), box))
             self._cv.notify_all()
             self._cv.wait_for(lambda: "done" in box)
@@ -268,10 +282,10 @@ class _Worker:
         return box["result"]
 
     def _park_locked(self) -> None:
-        """With ``_cv`` held and frozen: run frozen tasks until thawed."""
+        """With ``_cv`` held and frozen: run frozen tasks until thawed, then the ones still queued."""
         self._parked = True
         self._cv.notify_all()
-        while self._frozen and not self._stopping:
+        while True:
             while self._frozen_tasks:
                 (fn, args), box = self._frozen_tasks.popleft()
                 self._cv.release()
@@ -283,11 +297,14 @@ class _Worker:
                     self._cv.acquire()
                 box["done"] = True
                 self._cv.notify_all()
-            if self._frozen and not self._stopping:
-                self._cv.wait()
+            if not self._frozen or self._stopping:
+                break
+            self._cv.wait()
         self._parked = False
 
     def _pause_point(self) -> None:
+        if self.decode_delay_s:
+            time.sleep(self.decode_delay_s)
         if self._frozen:
             with self._cv:
                 if self._frozen:
@@ -355,6 +372,7 @@ class EngineState:
         tool_call_format: ToolCallFormat,
         enable_test_hooks: bool,
         max_batch_size: int,
+        decode_delay_s: float = 0.0,
     ) -> None:
         self.generator = generator
         self.served_model_name = served_model_name
@@ -362,7 +380,7 @@ class EngineState:
         self.max_model_len = max_model_len
         self.tool_call_format = tool_call_format
         self.enable_test_hooks = enable_test_hooks
-        self.worker = _Worker(generator, max_batch_size)
+        self.worker = _Worker(generator, max_batch_size, decode_delay_s)
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
@@ -662,7 +680,10 @@ async def swap_weights(state: EngineState, fn: Any, *args: Any) -> Any:
     """Run a weight swap on the worker: queued behind every request admitted before it, or, while
     the worker is frozen (pause mode ``keep``), at once between two decoding steps."""
     if state.worker.frozen:
-        return await asyncio.to_thread(state.worker.run_frozen, fn, *args)
+        try:
+            return await asyncio.to_thread(state.worker.run_frozen, fn, *args)
+        except NotFrozen:
+            pass  # thawed meanwhile: queue it like any swap
     return await state.worker.call(fn, *args)
 
 
@@ -701,6 +722,7 @@ def create_engine_app(
     enable_test_hooks: bool = False,
     max_batch_size: int = 8,
     device: str | None = None,
+    decode_delay_s: float = 0.0,
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
@@ -729,6 +751,7 @@ def create_engine_app(
         tool_call_format=fmt,
         enable_test_hooks=enable_test_hooks,
         max_batch_size=max_batch_size,
+        decode_delay_s=decode_delay_s,
     )
 
     @asynccontextmanager

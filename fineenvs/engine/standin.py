@@ -15,7 +15,8 @@ the parts of vLLM's contract that fineenvs relies on, read from vLLM 0.33.0's ow
 - **Serving.** Chat completions through the embedded engine (``fineenvs.engine.server``), with
   the served template (``--chat-template``), ``--default-chat-template-kwargs``,
   ``--override-generation-config`` defaults, ``--return-tokens-as-token-ids`` logprob names,
-  ``--tool-call-parser`` (hermes, lfm2, qwen3_xml), vLLM's response fields (``prompt_token_ids``,
+  ``--tool-call-parser`` (hermes, lfm2, qwen3_xml; a ``--chat-template`` must be a file or a
+  template string, vLLM's built-in template names are not looked up), vLLM's response fields (``prompt_token_ids``,
   ``choices[].token_ids``, processed logprobs, ``weight_versions`` spans on
   ``return_weight_versions``) and error bodies.
 - **Dev-mode RL routes** (only with ``VLLM_SERVER_DEV_MODE=1``, as vLLM registers them), with
@@ -277,6 +278,8 @@ def startup_settings(ns: argparse.Namespace, env: dict[str, str]) -> dict[str, A
         "dev_mode": env.get("VLLM_SERVER_DEV_MODE") == "1",
         "cuda_visible_devices": visible,
         "seed": ns.seed or 0,
+        # Tests of pause timing slow decoding to a known pace (seconds per decoding step).
+        "decode_delay_s": float(env.get("FINEENVS_STANDIN_DECODE_DELAY_S") or 0.0),
     }
 
 
@@ -316,6 +319,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         max_model_len=settings["max_model_len"],
         tool_call_format=settings["tool_call_format"],
         max_queue=1024,
+        decode_delay_s=settings.get("decode_delay_s", 0.0),
     )
     state: EngineState = app.state.engine
     rl = _RL(settings["world_size"], settings["world_size_across_dp"], settings["weight_transfer_backend"])
@@ -330,7 +334,9 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
     gen = state.generator
 
     def event(kind: str, **fields: Any) -> None:
-        rl.events.append({"kind": kind, "label": rl.label, "generator_version": gen.weight_version, **fields})
+        record = {"kind": kind, "label": rl.label, "generator_version": gen.weight_version, **fields}
+        rl.events.append(record)
+        log.info("dev route %s", json.dumps(record, default=str))  # the log keeps what the trainer drove
 
     async def body_of(request: Request) -> Any:
         raw = await request.body()
@@ -382,8 +388,15 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         state.pause_mode = mode
         event("pause", mode=mode, inflight=state.pending)
         if mode == "keep":
-            await asyncio.to_thread(state.worker.freeze)
+            try:
+                await asyncio.to_thread(state.worker.freeze)
+            except TimeoutError as exc:
+                state.pause_mode = None  # freeze() thawed the worker: nothing is paused
+                # vLLM's /pause answers a failure with {"error": ...} and 500.
+                return JSONResponse({"error": f"Failed to pause generation: {exc}"}, status_code=500)
         else:
+            if state.worker.frozen:
+                state.worker.thaw()  # a keep pause turned into wait/abort: let the running requests drain
             if mode == "abort":
                 for cancel in list(getattr(state, "cancels", ())):
                     cancel.set()
@@ -391,7 +404,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         return JSONResponse({"status": "paused"})
 
     async def resume(request: Request) -> Response:
-        if state.pause_mode == "keep":
+        if state.worker.frozen:  # also after keep followed by another mode
             state.worker.thaw()
         state.pause_mode = None
         event("resume")
@@ -470,6 +483,14 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
             rl.update_active = False
             why = f"unknown parameters {bad[:3]}" if bad else "names, dtype_names and shapes differ in length"
             return failed(f"update_weights: {why}")
+        import torch
+
+        bad_dtypes = [
+            d for d in info["dtype_names"] if not isinstance(getattr(torch, str(d), None), torch.dtype)
+        ]
+        if bad_dtypes:
+            rl.update_active = False  # vLLM's receiver does getattr(torch, dtype_name)
+            return failed(f"update_weights: unknown dtype names {bad_dtypes[:3]}")
         wrong = [
             n for n, shape in zip(names, info["shapes"], strict=True) if list(own[n].shape) != list(shape)
         ]
@@ -505,6 +526,20 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         new, refused = await embedded(request, "new_version")
         if refused is not None:
             return refused
+        if not isinstance(new, str):  # vLLM's Body field is a str: pydantic refuses anything else
+            return JSONResponse(
+                {
+                    "detail": [
+                        {
+                            "type": "string_type",
+                            "loc": ["body", "new_version"],
+                            "msg": "Input should be a valid string",
+                            "input": new,
+                        }
+                    ]
+                },
+                status_code=422,
+            )
         rl.label = str(new)
         rl.labels[gen.weight_version] = rl.label
         event("update_weight_version", new_version=rl.label)

@@ -253,8 +253,10 @@ def build_serve_env(args: VLLMServeArgs, base: dict[str, str] | None = None) -> 
     """The child's environment: ``base`` (default ``os.environ``) adjusted for dev mode and the venv."""
     env = dict(os.environ if base is None else base)
     if args.devices is not None:
-        # vLLM takes gpu_memory_utilization of every GPU it sees: it must see only its own.
+        # vLLM takes gpu_memory_utilization of every GPU it sees: it must see only its own,
+        # numbered as nvidia-smi numbers them (PCI bus order; CUDA's default is fastest first).
         env["CUDA_VISIBLE_DEVICES"] = ",".join(args.devices)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if args.weight_sync is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"
     else:

@@ -14,6 +14,8 @@ the path, ``vllm.distributed.weight_transfer.nccl_engine`` and ``base`` import, 
 NCCL communicator itself needs CUDA, so a transfer only runs on a GPU machine.
 
 ``python -m fineenvs.engine install-vllm-client [--dir DIR]`` installs it (about 340 MB download).
+Importing ``vllm`` runs its ``env_override`` module, which sets a few process-wide variables and
+torch Inductor options in the trainer process: untried on a GPU trainer so far.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def install_client(directory: Path | None = None, *, python: str | None = None) 
     if done.returncode != 0:
         raise RuntimeError(
             f"installing vLLM's trainer-side modules into {directory} failed ({' '.join(cmd)}):\n"
-            f"{done.stderr[-2000:]}"
+            f"{done.stderr[-2000:]}\nFix: the machine needs PyPI (or a pip index with these wheels: "
+            "PIP_INDEX_URL); --dir picks another folder; engine.weight_sync=reload needs none of this."
         )
     return directory

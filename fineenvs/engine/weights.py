@@ -90,11 +90,16 @@ def save_safetensors(state_dict: Mapping[str, torch.Tensor], directory: Path) ->
     return path
 
 
-def _check(response: httpx.Response, what: str) -> httpx.Response:
+def _check(response: httpx.Response, what: str, hint: str = "") -> httpx.Response:
     if response.status_code >= 400:
+        if response.status_code == 404 and not hint:
+            hint = (
+                "vLLM serves its weight routes only in dev mode: start it with VLLM_SERVER_DEV_MODE=1 "
+                "(a launched vLLM gets it whenever weights are pushed)"
+            )
         raise WeightSyncError(
             f"{what}: {response.request.method} {response.request.url} answered {response.status_code}: "
-            f"{response.text[:500]}"
+            f"{response.text[:500]}" + (f". Fix: {hint}" if hint else "")
         )
     return response
 
@@ -175,10 +180,17 @@ class VLLMReloadWeightSync:
     def push(self, weights: Weights, version: int) -> int:
         # Write before pausing: saving is the slow part and generation continues meanwhile.
         path = self._staged.stage(weights, version)
-        _check(self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)")
         try:
+            # Inside the try: a pause that failed half-way must still be resumed.
+            _check(
+                self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)"
+            )
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            _check(self.client.post(self.url + "/collective_rpc", json=rpc), "reload_weights")
+            _check(
+                self.client.post(self.url + "/collective_rpc", json=rpc),
+                "reload_weights",
+                f"the vLLM server must be able to read {path} (same machine or a shared filesystem)",
+            )
             _check(
                 self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
                 "update_weight_version",
@@ -375,8 +387,10 @@ class VLLMNcclWeightSync:
             )
         if not self._connected:
             self._connect(weights)
-        _check(self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)")
         try:
+            _check(
+                self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)"
+            )
             self.control.pending_version = str(version)
             self.transport.send(weights)
         finally:

@@ -297,8 +297,11 @@ def _version_number(label: Any) -> int | None:
         return None
     if isinstance(label, int):
         return label
-    if isinstance(label, str) and label.strip().isdigit():
-        return int(label)
+    if isinstance(label, str) and label.strip().isdecimal():
+        try:
+            return int(label)
+        except ValueError:
+            return None
     return None
 
 

@@ -258,7 +258,8 @@ class CapturedGRPOTrainer:
         self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.ref_model: Any = None
         if settings.beta > 0.0:
-            self.ref_model = self._load_reference(torch.float32)
+            # Frozen: it needs no float32 master copy, the compute dtype halves its memory.
+            self.ref_model = self._load_reference(self.compute_dtype)
         self.global_step = 0
         self._version = settings.initial_version
 
@@ -273,10 +274,26 @@ class CapturedGRPOTrainer:
     def unwrapped_model(self) -> Any:
         return self.accelerator.unwrap_model(self.model)
 
-    def state_dict(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]:
+    def state_dict(
+        self, dtype: torch.dtype | str | None = None, checkpoint_format: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Full state dict with Hugging Face parameter names (gathered under FSDP: every process
-        must call it), floating tensors cast to ``dtype`` (the engine's; None keeps float32)."""
+        must call it), floating tensors cast to ``dtype`` (the engine's; None keeps float32).
+
+        ``checkpoint_format`` names the tensors as the model's checkpoint files do (transformers'
+        ``revert_weight_conversion``, what ``save_pretrained`` writes): vLLM loads pushed weights
+        by checkpoint names and only warns about names it does not know, so in-memory names that
+        a model renames on load would make a push change nothing."""
         sd: dict[str, torch.Tensor] = self.accelerator.get_state_dict(self.model)
+        if checkpoint_format:
+            try:
+                from transformers.core_model_loading import revert_weight_conversion
+            except ImportError:  # transformers without load-time renaming: names are the files'
+                pass
+            else:
+                sd = revert_weight_conversion(self.unwrapped_model, sd)
+            if getattr(self.unwrapped_model.config, "tie_word_embeddings", False):
+                sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}  # not in the files either
         target = DTYPES[dtype] if isinstance(dtype, str) else dtype
         if target is None:
             return sd
@@ -510,7 +527,8 @@ class CapturedGRPOTrainer:
         directory = Path(directory)
         if directory.suffix == ".safetensors":
             raise ValueError(
-                f"export_weights writes a directory (model.safetensors inside), got the file {directory}"
+                f"export_weights writes a directory (model.safetensors inside), got the file {directory}: "
+                f"pass {directory.parent} (engines reload weights from a directory)"
             )
         state = self.state_dict(dtype)
         if self.accelerator.is_main_process:

@@ -13,7 +13,12 @@ runs the call; ``lock.follow()`` is the other processes' whole job: receive a ca
 
 The processes wait in the broadcast while the main process collects rollouts, which takes
 minutes: the process group is created with ``ddp_timeout`` long enough for that
-(``fineenvs.train.trl_compat``).
+(``GRPOTrainerSettings.process_timeout_s``, passed to TRL's config).
+
+A call that fails on the main process may have left the others inside its collective (an
+all-reduce in ``step``): a "stop" broadcast would then pair with the wrong collective and hang
+until the timeout. So after a failed call ``stop`` sends nothing; the main process exits with the
+error and ``accelerate launch`` (torch elastic) ends the others.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class Lockstep:
         self.trainer = trainer
         self.accelerator = trainer.accelerator
         self._stopped = False
+        self._broken = False
 
     @property
     def is_main(self) -> bool:
@@ -52,7 +58,15 @@ class Lockstep:
             raise RuntimeError("Lockstep.call is for the main process; the others run follow()")
         if self.processes > 1:
             self._broadcast((name, args))
-        return getattr(self.trainer, name)(*args)
+        try:
+            return getattr(self.trainer, name)(*args)
+        except BaseException:
+            self._broken = True  # the others may be waiting inside this call's collectives
+            raise
+
+    def agree(self, value: Any) -> Any:
+        """The main process's ``value`` on every process (every process calls it, in the same order)."""
+        return self._broadcast(value) if self.processes > 1 else value
 
     def follow(self) -> int:
         """Replay the main process's calls until it stops; returns how many ran."""
@@ -65,8 +79,8 @@ class Lockstep:
             ran += 1
 
     def stop(self) -> None:
-        """Release the other processes (idempotent; main process only)."""
-        if self._stopped or not self.is_main:
+        """Release the other processes (idempotent; main process only; nothing after a failed call)."""
+        if self._stopped or not self.is_main or self._broken:
             return
         self._stopped = True
         if self.processes > 1:

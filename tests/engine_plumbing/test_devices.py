@@ -43,8 +43,21 @@ def test_a_trainer_started_on_given_gpus_keeps_them() -> None:
     # accelerate launch / SLURM set CUDA_VISIBLE_DEVICES for the trainer: vLLM goes outside it.
     plan = plan_devices(FOUR, visible=["0", "1"], engine_devices=[], needed=1, training=True)
     assert (plan.engine, plan.trainer) == (("2",), None)
-    with pytest.raises(DeviceError, match="only 0 other GPU"):
-        plan_devices(TWO, visible=["0", "1"], engine_devices=[], needed=1, training=True)
+    # A SLURM job sees only its own GPUs: nothing outside, so they are split.
+    plan = plan_devices(TWO, visible=["0", "1"], engine_devices=[], needed=1, training=True)
+    assert (plan.engine, plan.trainer) == (("1",), ("0",))
+    with pytest.raises(DeviceError, match="too few are visible to split"):
+        plan_devices(TWO, visible=["0"], engine_devices=[], needed=2, training=True)
+
+
+def test_every_trainer_process_needs_a_gpu() -> None:
+    plan = plan_devices(FOUR, visible=None, engine_devices=[], needed=1, training=True, trainer_processes=3)
+    assert (plan.engine, plan.trainer) == (("3",), ("0", "1", "2"))
+    with pytest.raises(DeviceError, match="runs 2 processes") as err:
+        plan_devices(TWO, visible=None, engine_devices=[], needed=1, training=True, trainer_processes=2)
+    assert "--num_processes" in str(err.value)
+    with pytest.raises(DeviceError, match="names a GPU twice"):
+        plan_devices(FOUR, visible=None, engine_devices=["1", "1"], needed=2, training=True)
 
 
 def test_explicit_devices_are_used_and_overlap_is_refused_with_the_fix() -> None:

@@ -92,7 +92,8 @@ def standin(tiny_qwen_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             "--weight-transfer-config", '{"backend": "nccl"}',
         )
     )  # fmt: skip
-    settings = startup_settings(ns, DEV)
+    settings = startup_settings(ns, {**DEV, "FINEENVS_STANDIN_DECODE_DELAY_S": "0.005"})
+    assert settings["decode_delay_s"] == 0.005  # a known pace: 400 tokens take >= 2 s
     yield from ((url, settings) for url in _serve(settings))
 
 
@@ -184,6 +185,45 @@ def test_pause_keep_freezes_mid_generation_and_the_spans_show_both_versions(
     assert queued["reply"].status_code == 200
     assert queued["reply"].json()["choices"][0]["weight_versions"] == [{"version": "1", "start": 0, "end": 4}]
     assert httpx.get(url + "/weight_info").json() == {"weight_version": "1"}
+
+
+def test_pause_abort_ends_running_requests_and_refuses_new_ones(standin: tuple[str, Any]) -> None:
+    url, _ = standin
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(reply=chat(url, max_tokens=400).json()))
+    thread.start()
+    time.sleep(0.3)
+    assert httpx.post(url + "/pause", params={"mode": "abort"}, timeout=60).json() == {"status": "paused"}
+    thread.join(60)
+    choice = box["reply"]["choices"][0]
+    assert choice["finish_reason"] == "abort" and 0 < len(choice["token_ids"]) < 400
+    assert chat(url).status_code == 503
+    httpx.post(url + "/resume")
+    assert chat(url).status_code == 200
+
+
+def test_a_swap_racing_a_thaw_never_hangs() -> None:
+    from fineenvs.engine.server import NotFrozen, _Worker
+
+    worker = _Worker(None, 1)  # type: ignore[arg-type]  # no generation: only pause points
+    try:
+        for _ in range(200):
+            worker.freeze(timeout_s=5)
+            done: list[Any] = []
+
+            def swap(done: list[Any] = done) -> None:
+                try:
+                    done.append(worker.run_frozen(lambda: 42))
+                except NotFrozen:
+                    done.append("thawed first")
+
+            thread = threading.Thread(target=swap)
+            thread.start()
+            worker.thaw()
+            thread.join(5)
+            assert not thread.is_alive() and done in ([42], ["thawed first"])
+    finally:
+        worker.stop()
 
 
 def test_reload_weights_needs_a_directory(standin: tuple[str, Any], tiny_qwen_dir: Path) -> None:

@@ -27,7 +27,7 @@ from .vllm_helpers import install_standin
 pytestmark = pytest.mark.slow
 
 AGENTS = 32
-TOKENS = 200  # long enough that draining 32 generations outlasts the proxy's ~1.5 s of retries
+TOKENS = 200
 
 
 async def _agents(proxy_url: str, stop: asyncio.Event) -> list[int]:
@@ -73,11 +73,16 @@ def _run_pushes(engine: Any, weights: list[dict[str, torch.Tensor]], proxy_url: 
 
 
 @pytest.fixture()
-def stack(tmp_path: Path, tiny_qwen_dir: Path, tiny_model_factory: Any) -> Any:
+def stack(
+    tmp_path: Path, tiny_qwen_dir: Path, tiny_model_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> Any:
     from fineenvs.engine.handle import launch_vllm
     from fineenvs.engine.vllm import VLLMServeArgs
 
     python = install_standin(tmp_path / "standin")
+    # A known decoding pace (5 ms a step): a wave of 8 calls takes ~1 s, so draining 32 of them
+    # outlasts the proxy's retries on any machine, and a push always finds calls mid-generation.
+    monkeypatch.setenv("FINEENVS_STANDIN_DECODE_DELAY_S", "0.005")
     args = VLLMServeArgs(
         model=str(tiny_qwen_dir), served_model_name="tiny_qwen", port=0, dtype="float32", max_model_len=4096,
         tool_call_parser="hermes", weight_sync="reload", python=str(python),
@@ -110,7 +115,9 @@ def test_pushes_under_32_agents_surface_no_error(stack: Any) -> None:
         assert not [e for e in data["events"] if e.get("kind") in ("upstream_error", "upstream_rejected")]
         spans += [[s["version"] for s in c["weight_versions"]] for c in data["calls"]]
     two = sum(1 for s in spans if len(s) == 2)
-    print(f"keep: {len(statuses)} calls by {AGENTS} agents over 3 pushes, all 200; {two} sampled by two versions")
+    print(
+        f"keep: {len(statuses)} calls by {AGENTS} agents over 3 pushes, all 200; {two} sampled by two versions"
+    )
     # Calls frozen across a push were sampled by two versions, and the record says so.
     assert any(len(s) == 2 and int(s[1]) == int(s[0]) + 1 for s in spans), spans[:20]
     assert {v for s in spans for v in s} >= {"0", "1", "2", "3"}

@@ -5,7 +5,9 @@ vLLM), with two real agent CLIs, three optimizer steps and a weight push after e
 What it shows: the serve command starts (template written where it names it), vLLM gets its own
 GPU and the trainer the other (a fake ``nvidia-smi`` lists two), every push reaches the engine
 through vLLM's dev-mode routes (``reload``, the default for a launched vLLM) without an error
-reaching any agent, and the records carry the engine's own weight versions, advancing step by step.
+reaching any agent, and the records carry the engine's own weight versions: the training calls
+(how many of them land after which push depends on timing) and the in-training evaluation at
+step 3, which runs after the third push and is sampled by version 3.
 
 A random tiny model solves nothing, so every reward and advantage is 0 and the policy gradient is
 zero; AdamW's decoupled weight decay still moves every weight at each step. That is what makes the
@@ -71,7 +73,8 @@ def test_rl_multi_runs_on_the_vllm_standin(tmp_path: Path) -> None:
         "scheduler.group_size=2", "scheduler.max_inflight=2", "scheduler.max_model_calls=3",
         "scheduler.attempt_timeout_seconds=180", "scheduler.passes=3",
         "trainer.num_generations=2", "trainer.max_steps=3", "trainer.per_device_batch_size=1",
-        "trainer.gradient_accumulation_steps=1", "trainer.save_steps=1", "trainer.eval_steps=100",
+        "trainer.gradient_accumulation_steps=1", "trainer.save_steps=1", "trainer.eval_steps=3",
+        "eval.subset_during_training=1",
         "trainer.token_budget=16384", "trainer.dtype=float32", "trainer.gradient_checkpointing=false",
         "trainer.learning_rate=1e-2", "trainer.weight_decay=0.5",
         "sampling.max_tokens=32", "logger=none", f"hydra.run.dir={out}",
@@ -91,12 +94,17 @@ def test_rl_multi_runs_on_the_vllm_standin(tmp_path: Path) -> None:
     assert template.is_file() and f"--chat-template {template}" in log.splitlines()[0]
     assert log.splitlines()[0].startswith(f"$ {python.parent / 'vllm'} serve ")
     assert "stand-in (not vLLM 0.33.0)" in log and "CUDA_VISIBLE_DEVICES=1, dev mode True" in log
+    # What the trainer drove, in the stand-in's log: announce, then three reload rounds in keep mode.
+    routes = [json.loads(line.split("dev route ", 1)[1]) for line in log.splitlines() if "dev route " in line]
+    assert [r["new_version"] for r in routes if r["kind"] == "update_weight_version"] == ["0", "1", "2", "3"]
+    assert [r["mode"] for r in routes if r["kind"] == "pause"] == ["keep"] * 3
+    assert sum(r["kind"] == "reload_weights" for r in routes) == 3
 
     # Every call carries the engine's own version, and the versions advance with the pushes.
     calls = _records(out)
     assert calls and all(c["logprobs_aligned"] for c in calls)
     versions = {c["weight_version"] for c in calls}
-    assert {0, 1, 2} <= versions, versions
+    assert {0, 3} <= versions and versions <= {0, 1, 2, 3}, versions
     for c in calls:
         spans = c["weight_versions"]
         assert spans and spans[0]["start"] == 0 and spans[-1]["end"] == len(c["sampled_ids"])
@@ -111,7 +119,7 @@ def test_rl_multi_runs_on_the_vllm_standin(tmp_path: Path) -> None:
     for c in calls:
         spans = c["weight_versions"]
         k = c["weight_version"]
-        if len(spans) != 1 or k not in (1, 2):
+        if len(spans) != 1 or k not in (1, 2, 3):
             continue
         recorded = torch.tensor(c["logprobs"])
         served = _logprobs(out / "checkpoints" / f"step-{k}", c["prompt_ids"], c["sampled_ids"])

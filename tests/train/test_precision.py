@@ -8,6 +8,7 @@ tests take one real optimizer step at lr 3e-6 and count the weights that moved.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,3 +99,19 @@ def test_the_prepared_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
     for f in figures:
         assert f["dtype"] == "bfloat16" and f["step_s_median"] > 0 and f["tokens_per_s"] > 0
         assert f["peak_memory_gb"] > 0 and abs(f["train_ratio_step0"] - 1.0) < 5e-2  # bf16 vs bf16 noise
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen", "tiny_lfm2", "tiny_qwen3_5"])
+def test_vllm_pushes_name_tensors_as_the_checkpoint_files_do(
+    model: str, tiny_model_factory: Any, tmp_path: Path
+) -> None:
+    """vLLM loads pushed tensors by checkpoint name and only warns about unknown names."""
+    from safetensors import safe_open
+
+    model_dir = tiny_model_factory(model)
+    trainer = CapturedGRPOTrainer(model_dir, GRPOTrainerSettings(), tmp_path)
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as files:
+        names = set(files.keys())
+    pushed = trainer.state_dict("bfloat16", checkpoint_format=True)
+    assert set(pushed) == names
+    assert {t.dtype for t in pushed.values()} == {torch.bfloat16}
