@@ -314,6 +314,9 @@ class RowsSpec:
     overlong: Overlong = Overlong.drop
     drop_discarded: bool = True
     drop_auxiliary: bool = False
+    train_constrained: bool = False
+    """Train on structured-output (grammar-masked) calls too; their logprobs are the masked
+    distribution's, so the importance ratio is biased on them (README, "Structured output")."""
 
 
 @dataclass

@@ -131,6 +131,10 @@ def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
         ]
         if fracs:
             out[metric_key("fidelity", "trainable_token_fraction", h)] = statistics.fmean(fracs)
+        # Structured-output calls: recorded, kept as context unless rows.train_constrained.
+        out[metric_key("fidelity", "constrained_calls", h)] = float(
+            sum(a.metrics.get("constrained_calls", 0.0) for a in attempts)
+        )
         out[metric_key("rollout", "ungraded", h)] = float(sum(1 for a in attempts if a.reward is None))
     all_attempts = [a for g in groups for a in g.attempts]
     terms: dict[str, list[float]] = defaultdict(list)
@@ -259,6 +263,7 @@ async def _run_rl(run: RunConfig) -> float:
         shared_prefix=rows_cfg.shared_prefix.value,
         drop_discarded=rows_cfg.drop_discarded,
         drop_auxiliary=rows_cfg.drop_auxiliary,
+        train_constrained=rows_cfg.train_constrained,
     )
     model_dir = resolve_model_dir(run)
     stats = LoopStats()

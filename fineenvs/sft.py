@@ -328,6 +328,7 @@ async def _collect_teacher(run: RunConfig) -> float:
         shared_prefix=run.rows.shared_prefix.value,
         drop_discarded=run.rows.drop_discarded,
         drop_auxiliary=run.rows.drop_auxiliary,
+        train_constrained=run.rows.train_constrained,
     )
     started = time.monotonic()
     print(

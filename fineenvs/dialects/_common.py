@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,9 @@ ERROR_PREFIX = "fineenvs proxy: "
 # Our own prefix for synthetic signatures / encrypted reasoning, so we can tell ours from a real
 # provider's opaque blob (which we cannot read) when a client sends history back.
 SIG_PREFIX = "fe:"
-SSE_COMMENT_KEEPALIVE = b": keepalive\n\n"
+# Every SSE parser skips comment lines, so a keep-alive can never be taken for the format's first
+# event (Anthropic's stream must open with message_start, Responses' with response.created).
+SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
 
 def prefixed(message: str) -> str:
@@ -78,34 +81,92 @@ def require_str(value: object, where: str) -> str:
     return value
 
 
-def optional_int(body: JSON, key: str, where: str | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
-        name = where or key
-        raise fail(
-            f"{name} must be a positive integer (got {value!r})",
-            "it caps the number of generated tokens",
-            f"Send {name} as an integer >= 1 or leave it out.",
-            param=name,
-        )
-    return int(value)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def optional_number(body: JSON, key: str, where: str | None = None) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: ``[low, high]`` (``low_open``: ``low`` excluded)."""
+
+    low: float
+    high: float
+    integer: bool
+    why: str
+    low_open: bool = False
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        left = "(" if self.low_open else "["
+        return f"{kind} in {left}{_num(self.low)}, {_num(self.high)}]"
+
+
+def _num(x: float) -> str:
+    if x == INT64_MAX:
+        return "2^63-1"
+    if x == INT64_MIN:
+        return "-2^63"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+# The documented ranges of the chat-completions fields every format maps onto (OpenAI's, where
+# vLLM accepts more; a dialect passes its own where its API documents another, e.g. Anthropic's
+# temperature). Checked at the edge so that no out-of-range number reaches the engine (or a
+# 64-bit conversion) and every caller gets its own format's 400 with the accepted range.
+RANGES: dict[str, Range] = {
+    "max_tokens": Range(1, INT64_MAX, True, "it caps the number of generated tokens"),
+    "temperature": Range(0, 2, False, "it divides the logits (0 is greedy)"),
+    "top_p": Range(0, 1, False, "it is a share of the probability mass", low_open=True),
+    "top_k": Range(-1, INT64_MAX, True, "it keeps the k most likely tokens (-1 or 0: off)"),
+    "min_p": Range(0, 1, False, "it is a probability relative to the most likely token"),
+    "presence_penalty": Range(-2, 2, False, "it is a penalty on tokens already present"),
+    "frequency_penalty": Range(-2, 2, False, "it is a penalty on frequent tokens"),
+    "repetition_penalty": Range(
+        0, 2**31, False, "it multiplies the logits of repeated tokens", low_open=True
+    ),
+    "seed": Range(INT64_MIN, INT64_MAX, True, "it seeds a 64-bit random generator"),
+    "top_logprobs": Range(0, 20, True, "it is how many alternatives are returned per token"),
+}
+
+
+def check_number(value: object, where: str, rule: Range) -> float | int:
+    """``value`` if it is a finite number within ``rule``, else the caller's 400 saying the range."""
+    problem = None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        name = where or key
+        problem = f"{where} must be a number (got {type_name(value)})"
+    elif isinstance(value, float) and not math.isfinite(value):
+        problem = f"{where} must be finite (got {value!r})"
+    elif rule.integer and isinstance(value, float) and value != int(value):
+        problem = f"{where} must be an integer (got {value!r})"
+    elif value < rule.low or value > rule.high or (rule.low_open and value == rule.low):
+        problem = f"{where} is out of range (got {value!r})"
+    if problem is not None:
         raise fail(
-            f"{name} must be a number (got {type_name(value)})",
-            "it is a sampling parameter",
-            f"Send {name} as a number or leave it out.",
-            param=name,
+            problem,
+            f"{rule.why}, and it accepts {rule.text()}",
+            f"Send {where} as {rule.text()}, or leave it out.",
+            param=where,
         )
-    return value
+    assert isinstance(value, int | float)
+    return int(value) if rule.integer else value
+
+
+def optional_int(body: JSON, key: str, where: str | None = None, rule: Range | None = None) -> int | None:
+    """``body[key]`` as a token count (an integer >= 1), None when absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    return int(check_number(value, where or key, rule or RANGES["max_tokens"]))
+
+
+def optional_number(
+    body: JSON, key: str, where: str | None = None, rule: Range | None = None
+) -> float | None:
+    """``body[key]`` checked against ``rule`` (default: the chat field's own range)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    rule = rule or RANGES.get(key) or Range(-1e300, 1e300, False, "it is a sampling parameter")
+    return check_number(value, where or key, rule)
 
 
 def check_n(value: object, where: str) -> None:

@@ -32,6 +32,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from fineenvs.dialects._common import (
+    INT64_MAX,
+    SSE_COMMENT_KEEPALIVE,
+    Range,
     as_dict,
     as_str,
     check_n,
@@ -86,6 +89,12 @@ SERVER_BLOCKS = (
     "container_upload",
     "tool_search_tool_result",
 )
+
+# Anthropic's documented ranges where they differ from the chat fields' (temperature is 0-1).
+_ANTHROPIC_RANGES = {
+    "temperature": Range(0, 1, False, "it scales randomness (Anthropic: 0 to 1)"),
+    "top_k": Range(0, INT64_MAX, True, "it keeps the k most likely tokens"),
+}
 
 
 def _image(block: JSON, where: str) -> JSON:
@@ -327,7 +336,7 @@ class AnthropicMessages:
         if max_tokens is not None:
             out["max_tokens"] = max_tokens
         for key in ("temperature", "top_p", "top_k"):
-            if optional_number(body, key) is not None:
+            if optional_number(body, key, rule=_ANTHROPIC_RANGES.get(key)) is not None:
                 out[key] = body[key]
         if body.get("stop_sequences") is not None:
             out["stop"] = [
@@ -457,7 +466,9 @@ class AnthropicMessages:
         return self.from_chat_completion(stop_completion(text), request, model=model)
 
     def keepalive(self) -> bytes:
-        return sse_event("ping", {"type": "ping"})
+        # Keep-alives go out before message_start (the reply is replayed once the engine is done),
+        # and Anthropic's stream always opens with message_start: a comment, not a ping event.
+        return SSE_COMMENT_KEEPALIVE
 
 
 def _msg_id(reply: Any) -> str:

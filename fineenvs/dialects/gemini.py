@@ -35,8 +35,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from fineenvs.dialects._common import (
+    INT64_MAX,
+    RANGES,
     SIG_PREFIX,
     SSE_COMMENT_KEEPALIVE,
+    Range,
     as_dict,
     as_str,
     check_n,
@@ -47,6 +50,7 @@ from fineenvs.dialects._common import (
     join_text,
     loads_args,
     normalise_messages,
+    optional_int,
     optional_number,
     prefixed,
     read_completion,
@@ -73,6 +77,9 @@ STATUS = {
     504: "DEADLINE_EXCEEDED",
 }
 _MODEL_IN_PATH = re.compile(r"/models/([^/:]+):", re.IGNORECASE)
+
+# Gemini's documented ranges where they differ from the chat fields' (topK is a count >= 1).
+_GEMINI_RANGES = {"topK": Range(1, INT64_MAX, True, "it keeps the k most likely tokens")}
 
 
 def _get(d: JSON, camel: str) -> Any:
@@ -327,17 +334,12 @@ class Gemini:
         ):
             value = _get(gen, src)
             if value is not None:
-                optional_number({src: value}, src, f"generationConfig.{src}")
-                out[dst] = value
-        max_tokens = _get(gen, "maxOutputTokens")
+                rule = _GEMINI_RANGES.get(src) or RANGES[dst]
+                out[dst] = optional_number({src: value}, src, f"generationConfig.{src}", rule)
+        max_tokens = optional_int(
+            {"m": _get(gen, "maxOutputTokens")}, "m", "generationConfig.maxOutputTokens"
+        )
         if max_tokens is not None:
-            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-                raise fail(
-                    f"generationConfig.maxOutputTokens must be a positive integer (got {max_tokens!r})",
-                    "it caps the generated tokens",
-                    "Send an integer >= 1 or leave it out.",
-                    param="generationConfig.maxOutputTokens",
-                )
             out["max_tokens"] = max_tokens
         stops = _get(gen, "stopSequences")
         if stops is not None:

@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="torch intra-op threads (default: 1 for tiny models, torch's default otherwise)",
     )
+    serve.add_argument(
+        "--structured-whitespace",
+        default="compact",
+        choices=("compact", "flexible"),
+        help="JSON structured output: no whitespace between tokens (default), or any",
+    )
     serve.add_argument("--log-level", default="info")
     client = sub.add_parser(
         "install-vllm-client",
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         device=args.device,
     )
+    app.state.engine.structured_whitespace = args.structured_whitespace
     logging.getLogger("fineenvs.engine").info(
         "serving %s (%s) on http://%s:%d", name, model_dir, args.host, args.port
     )

@@ -42,6 +42,9 @@ class SamplingParams:
     # reported), then sample on. Lets tests drive the server path with outputs, such as tool
     # calls, that a random model never samples. Only set when the app enables test hooks.
     forced_prefix: tuple[int, ...] = ()
+    grammar: str | None = None
+    """An llguidance grammar (``fineenvs.engine.constrained``): tokens it forbids are masked to
+    -inf before processing, as vLLM's grammar bitmask is, and the reply ends when it completes."""
 
 
 @dataclass
@@ -120,6 +123,11 @@ class _Row:
         self.stop_reason: int | str | None = None
         self.on_token = False  # stopped on a stop token, whose text is not part of the content
         self.done = params.max_tokens <= 0
+        self.constraint: Any = None
+        if params.grammar is not None:
+            from fineenvs.engine.constrained import Constraint
+
+            self.constraint = Constraint.compile(params.grammar, gen.llg_tokenizer, {})
         if self.cancelled():
             self.finish, self.done = "abort", True
 
@@ -134,6 +142,8 @@ class _Row:
             self.finish, self.done = "abort", True
             return None
         params = self.params
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits.float())
         processed = process_logits(logits, params)
         if index < len(params.forced_prefix):
             token = params.forced_prefix[index]
@@ -141,6 +151,8 @@ class _Row:
             token = int(torch.argmax(logits))
         else:
             token = int(torch.multinomial(processed.exp(), 1, generator=self.rng))
+        if self.constraint is not None:
+            self.constraint.advance(token)
         self.tokens.append(token)
         self.versions.append(self.gen.weight_version)
         if params.logprobs:
@@ -156,6 +168,8 @@ class _Row:
             hit = next((s for s in params.stop if s in tail), None)
             if hit is not None:
                 self.finish, self.stop_reason, self.done = "stop", hit, True
+        if self.constraint is not None and self.constraint.finished and not self.done:
+            self.finish, self.done = "stop", True
         if len(self.tokens) >= params.max_tokens:
             self.done = True
         return token
@@ -244,6 +258,17 @@ class Generator:
                 else:
                     cached = list(self.decode([token_id], False).encode("utf-8", errors="replace"))
             self._token_bytes[token_id] = cached
+        return cached
+
+    @property
+    def llg_tokenizer(self) -> Any:
+        """llguidance's tokenizer for constrained decoding (built on first use)."""
+        cached = getattr(self, "_llg_tokenizer", None)
+        if cached is None:
+            from fineenvs.engine.constrained import llg_tokenizer
+
+            with self.tokenizer_lock:
+                cached = self._llg_tokenizer = llg_tokenizer(self.tokenizer)
         return cached
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

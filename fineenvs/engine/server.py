@@ -16,6 +16,7 @@ continuously: a request arriving mid-batch waits for the batch to finish.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -118,14 +119,12 @@ def _unsupported(req: ChatRequest) -> str | None:
     for name, value, default in neutral:
         if value is not None and value != default:
             return f"{name}={value!r} is not supported by the embedded engine (only {default!r})"
-    for name in ("logit_bias", "allowed_token_ids", "bad_words", "structured_outputs", "guided_choice"):
+    for name in ("logit_bias", "allowed_token_ids", "bad_words", "guided_choice"):
         if getattr(req, name):
-            return f"{name} is not supported by the embedded engine (it needs constrained decoding)"
+            return f"{name} is not supported by the embedded engine"
     for name in ("guided_json", "guided_regex", "guided_grammar"):
         if getattr(req, name) is not None:
-            return f"{name} is not supported by the embedded engine (it needs constrained decoding)"
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        return "response_format other than {'type': 'text'} is not supported by the embedded engine"
+            return f"{name} was removed from vLLM's API: send response_format or structured_outputs instead"
     if req.use_beam_search:
         return "use_beam_search is not supported by the embedded engine"
     return None
@@ -402,6 +401,9 @@ class EngineState:
         """The embedded engine's own ``weight_version`` field (vLLM has none)."""
         self.cancels: set[threading.Event] = set()
         """One per request in flight: ``/pause?mode=abort`` sets them all."""
+        self.structured_whitespace = "compact"
+        """JSON structured output: no whitespace between tokens (vLLM's ``disable_any_whitespace``),
+        or ``flexible``; see ``fineenvs.engine.constrained``."""
         self.pause_mode: str | None = None
         """vLLM's pause state: ``abort`` / ``wait`` refuse new requests with 503, ``keep`` queues them."""
 
@@ -543,6 +545,16 @@ async def chat_completions(request: Request) -> Response:
     params = _sampling(req, state, len(prompt_ids))
     if isinstance(params, JSONResponse):
         return params
+    from fineenvs.engine.constrained import ConstraintError, grammar_of
+
+    try:
+        constrained = grammar_of(
+            req.response_format, req.structured_outputs, whitespace=state.structured_whitespace
+        )
+    except ConstraintError as exc:
+        return error(str(exc), param="response_format" if req.response_format else "structured_outputs")
+    if constrained is not None:
+        params = dataclasses.replace(params, grammar=constrained[0])
     if state.pending >= state.max_queue:
         return error(
             f"The engine queue is full ({state.max_queue} requests waiting or running); retry later "

@@ -34,7 +34,8 @@ check their payloads against ``NCCLWeightTransferInitInfo`` / ``NCCLWeightTransf
 fields and the served model's parameter names, but no tensor arrives (NCCL needs GPUs), so the
 weights do not change on that path; ``reload_weights`` does change them. Also not: logprob modes
 other than ``processed_logprobs``, streaming from the engine, multiple GPUs, LoRA, the scale-out
-routes, guided decoding.
+routes, and of ``--structured-outputs-config`` only ``disable_any_whitespace`` (structured output
+itself is served: ``fineenvs.engine.constrained``, llguidance, vLLM's ``guidance`` backend).
 
     python -m fineenvs.engine.standin install DIR [--gpus N]   DIR/bin/vllm + DIR/bin/python
     DIR/bin/vllm serve MODEL --port 8000 ...                   what the launcher runs
@@ -278,6 +279,11 @@ def startup_settings(ns: argparse.Namespace, env: dict[str, str]) -> dict[str, A
         "dev_mode": env.get("VLLM_SERVER_DEV_MODE") == "1",
         "cuda_visible_devices": visible,
         "seed": ns.seed or 0,
+        # vLLM's default lets JSON structured output put whitespace anywhere.
+        "structured_whitespace": "compact"
+        if isinstance(ns.structured_outputs_config, dict)
+        and ns.structured_outputs_config.get("disable_any_whitespace")
+        else "flexible",
         # Tests of pause timing slow decoding to a known pace (seconds per decoding step).
         "decode_delay_s": float(env.get("FINEENVS_STANDIN_DECODE_DELAY_S") or 0.0),
     }
@@ -328,6 +334,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
     state.generation_defaults = settings["generation_defaults"]
     state.token_id_logprobs = settings["token_id_logprobs"]
     state.auto_tool_choice = settings["auto_tool_choice"]
+    state.structured_whitespace = settings.get("structured_whitespace", "flexible")
     state.version_label = rl.label_of
     state.top_level_weight_version = False
     app.state.rl = rl

@@ -299,6 +299,7 @@ class ProxyApp:
         try:
             canonical = dialect.to_canonical(body, path=path, query=dict(request.query_params))
             engine_req = build_engine_request(canonical.body, self.settings)
+            payload = orjson.dumps(engine_req.body)
         except DialectError as exc:
             return self._error(dialect, exc.status, str(exc))
         except BadRequest as exc:
@@ -322,7 +323,7 @@ class ProxyApp:
             reply_request=CanonicalRequest(
                 body=params, stream=canonical.stream, model=canonical.model, notes=[], state=canonical.state
             ),
-            payload=orjson.dumps(engine_req.body),
+            payload=payload,
             record_request=self.store.prepare_request(session.session_id, messages, tools),
             fields={
                 "dialect": name,
@@ -338,6 +339,8 @@ class ProxyApp:
                 "dialect_state": canonical.state,
                 "harness_ids": _harness_ids(request.scope["headers"], body),
                 "notes": [*canonical.notes, *engine_req.notes],
+                "constrained": engine_req.requested_format is not None,
+                "requested_format": engine_req.requested_format,
             },
             hide_reasoning=engine_req.hide_reasoning,
         )
@@ -597,7 +600,17 @@ class _ModelCallsFirst:
         if scope["type"] == "http":
             path = scope["path"]
             if path != "/health" and path != "/sessions" and not path.startswith("/sessions/"):
-                response = await self.proxy.model_route(Request(scope, receive, send))
+                request = Request(scope, receive, send)
+                try:
+                    response = await self.proxy.model_route(request)
+                except Exception as exc:  # never a plain-text 500 and a dropped connection
+                    log.exception("model call on %s failed inside the proxy", path)
+                    dialect = self.proxy._dialect(detect(path, request.headers, None))
+                    response = self.proxy._error(
+                        dialect,
+                        500,
+                        f"the capture proxy failed on this call ({type(exc).__name__}); retry it.",
+                    )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -236,6 +236,7 @@ def calls_to_nodes(calls: list[dict[str, Any]]) -> list[Any]:
             harness_ids={k: str(v) for k, v in (c.get("harness_ids") or {}).items()},
             metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
             logprobs_aligned=bool(c.get("logprobs_aligned")) and bool(c["prompt_ids"]),
+            constrained=bool(c.get("constrained")),
         )
         for i, c in enumerate(calls)
     ]

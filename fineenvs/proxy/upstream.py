@@ -49,7 +49,7 @@ UNREPRODUCIBLE_KEYS = (
     "allowed_token_ids",
     "bad_words",
     "min_tokens",
-    "structured_outputs",
+    # vLLM 0.33 has no guided_* fields any more (structured_outputs replaced them).
     "guided_json",
     "guided_regex",
     "guided_choice",
@@ -96,6 +96,9 @@ class EngineRequest:
     hide_reasoning: bool = False
     """The agent sent ``include_reasoning: false``: the engine is asked for it anyway (the record
     keeps it), and the reply to the agent leaves it out."""
+    requested_format: dict[str, Any] | None = None
+    """Structured output the agent asked for (``response_format`` other than text, or
+    ``structured_outputs``): served, recorded as constrained, kept as context in rows."""
 
 
 @dataclass
@@ -136,6 +139,7 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
         if key in body:
             body.pop(key)
             notes.append(f"dropped {key}: the trainer cannot reproduce the constrained distribution")
+    requested_format = _requested_format(body)
     hide_reasoning = body.pop("include_reasoning", True) is False
     if hide_reasoning:
         notes.append("include_reasoning=false: reasoning recorded, left out of the reply to the agent")
@@ -163,7 +167,24 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
         return_weight_versions=True,
         include_reasoning=True,
     )
-    return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning)
+    return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning, requested_format)
+
+
+def _requested_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The structured-output request in the body, if any (what the record keeps of it)."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return {"response_format": fmt}
+    if fmt is not None and not isinstance(fmt, dict):
+        raise BadRequest(f"response_format must be an object like {{'type': 'json_object'}}, got {fmt!r}")
+    if isinstance(fmt, dict) and fmt.get("type") == "text":
+        body.pop("response_format")  # plain text: nothing to constrain
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise BadRequest(f"structured_outputs must be an object, got {type(outputs).__name__}")
+        return {"structured_outputs": outputs}
+    return None
 
 
 def _error_message(resp: EngineResponse) -> str:

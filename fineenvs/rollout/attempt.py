@@ -192,6 +192,7 @@ class ProxyAttemptRunner:
             "discarded": float(m.n_discarded),
             "drift_breaks": float(len(m.drift_breaks)),
             "sampled_tokens": float(m.sampled_tokens),
+            "constrained_calls": float(m.n_constrained),
         }
         timings = [c.get("timings") or {} for c in calls]
         proxy_s = [float(t["proxy_s"]) for t in timings if "proxy_s" in t]

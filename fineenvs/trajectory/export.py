@@ -88,6 +88,7 @@ def session_to_json(result: SessionResult) -> dict[str, Any]:
                 "sampled_ids": g.sampled_ids(nid),
                 "logprobs": h.logprobs,
                 "logprobs_aligned": h.logprobs_aligned,
+                "constrained": h.constrained,
                 "finish_reason": h.finish_reason,
                 "has_tools": h.has_tools,
                 "weight_version": h.weight_version,
@@ -155,6 +156,7 @@ def session_from_json(data: dict[str, Any] | str | bytes) -> SessionResult:
                 harness_ids=dict(rec["harness_ids"]),
                 metadata=dict(rec["metadata"]),
                 logprobs_aligned=bool(rec["logprobs_aligned"]),
+                constrained=bool(rec.get("constrained", False)),  # absent before structured output
             )
         )
     graph = TrajectoryGraph(calls)

@@ -33,6 +33,7 @@ class SessionMetrics:
     unique_tokens: int
     held_tokens: int
     drift_breaks: list[DriftBreak] = field(default_factory=list)
+    n_constrained: int = 0  # structured-output calls (context only unless rows.train_constrained)
 
     @property
     def trainable_token_fraction(self) -> float:
@@ -74,6 +75,7 @@ def session_metrics(graph: TrajectoryGraph, rows: RowSet, harness: str = "unknow
         unique_tokens=stats.unique_tokens,
         held_tokens=stats.held_tokens,
         drift_breaks=graph.drift_breaks(),
+        n_constrained=sum(1 for n in graph.node_ids() if graph.header(n).constrained),
     )
 
 
@@ -89,6 +91,7 @@ class HarnessMetrics:
     n_drift_breaks: int = 0
     sampled_tokens: int = 0
     trainable_tokens: int = 0
+    n_constrained: int = 0
 
     @property
     def rows_per_attempt(self) -> float:
@@ -113,6 +116,7 @@ class HarnessMetrics:
             f"{p}/forks_per_attempt": self.n_forks / self.n_sessions if self.n_sessions else 0.0,
             f"{p}/discarded_per_attempt": self.n_discarded / self.n_sessions if self.n_sessions else 0.0,
             f"{p}/drift_rate": self.drift_rate,
+            f"{p}/constrained_calls": float(self.n_constrained),
         }
 
 
@@ -130,4 +134,5 @@ def aggregate(sessions: list[SessionMetrics]) -> dict[str, HarnessMetrics]:
         h.n_drift_breaks += len(s.drift_breaks)
         h.sampled_tokens += s.sampled_tokens
         h.trainable_tokens += s.trainable_tokens
+        h.n_constrained += s.n_constrained
     return out

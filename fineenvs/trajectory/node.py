@@ -26,6 +26,7 @@ class CallNode:
     token sequences and decides which of two siblings was the retry, so the graph does not depend
     on the order in which ``TrajectoryGraph.add`` is called. ``logprobs_aligned`` is False when the
     proxy found the engine's ids and logprobs out of step; such a turn is kept as context only.
+    A ``constrained`` call (structured output) is kept as context only by default, too.
     """
 
     node_id: str
@@ -39,6 +40,9 @@ class CallNode:
     harness_ids: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     logprobs_aligned: bool = True
+    constrained: bool = False
+    """Sampled under a grammar (structured output): its logprobs are the masked, renormalised
+    distribution's, not the policy's, so rows keep it as context unless told otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the format of recorded-session fixtures)."""

@@ -51,6 +51,10 @@ class RowOptions:
     shared_prefix: str = "per_row"  # "per_row" | "once" | "inverse_count"
     drop_discarded: bool = True
     drop_auxiliary: bool = False
+    train_constrained: bool = False
+    """Train on structured-output calls too. Off by default: under a grammar mask the engine's
+    logprobs are those of the masked distribution, which the trainer does not recompute (the
+    same reason training refuses top_p < 1); on, their ratios are biased by the mask."""
 
     def check(self) -> None:
         if self.max_tokens <= 0:
@@ -152,7 +156,7 @@ def build_rows(
         if role == "auxiliary" and options.drop_auxiliary:
             out.dropped_auxiliary += 1
             continue
-        row = _make_row(graph, end_ids, path, role, metadata)
+        row = _make_row(graph, end_ids, path, role, metadata, options.train_constrained)
         if len(row.input_ids) > options.max_tokens:
             out.overlong_rows += 1
             keep = _cut_point(graph, path, options.max_tokens) if options.overlong == "split" else 0
@@ -176,7 +180,12 @@ def build_rows(
 
 
 def _make_row(
-    graph: TrajectoryGraph, end_ids: list[int], path: list[int], role: Role, metadata: dict[str, Any]
+    graph: TrajectoryGraph,
+    end_ids: list[int],
+    path: list[int],
+    role: Role,
+    metadata: dict[str, Any],
+    train_constrained: bool = False,
 ) -> Row:
     n = len(end_ids)
     mask = [0] * n
@@ -189,7 +198,8 @@ def _make_row(
         starts.append(a)
         ends.append(b)
         header = graph.entry_header(i)
-        if b > a and logprob_problem(header, b - a) is None and header.logprobs is not None:
+        usable = not header.constrained or train_constrained
+        if usable and b > a and logprob_problem(header, b - a) is None and header.logprobs is not None:
             mask[a:b] = [1] * (b - a)
             logprobs[a:b] = header.logprobs
             if isinstance(header.weight_version, int):

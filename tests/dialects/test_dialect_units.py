@@ -134,11 +134,11 @@ def test_stop_reply_is_valid_and_non_empty(api_format: str) -> None:
         stop_completion("")
 
 
-def test_keepalives() -> None:
-    assert sse_payloads(DIALECTS["anthropic_messages"].keepalive()) == [("ping", {"type": "ping"})]
-    for name in ("openai_chat", "openai_responses", "gemini"):
+def test_keepalives_are_sse_comments_in_every_format() -> None:
+    # Sent before the format's first event, so never an event (Anthropic's ping included).
+    for name in DIALECTS:
         raw = DIALECTS[name].keepalive()
-        assert raw.startswith(b":") and raw.endswith(b"\n\n") and sse_payloads(raw) == []
+        assert raw == b": keep-alive\n\n" and sse_payloads(raw) == []
 
 
 @pytest.mark.parametrize("api_format", list(DIALECTS))
@@ -247,7 +247,27 @@ BAD: list[tuple[str, Any, str]] = [
     (
         "openai_chat",
         {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
-        "max_tokens must be a positive",
+        "max_tokens is out of range (got -1)",
+    ),
+    (
+        "openai_chat",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e30},
+        "an integer in [1, 2^63-1]",
+    ),
+    (
+        "anthropic_messages",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8, "temperature": 1.5},
+        "temperature is out of range (got 1.5)",
+    ),
+    (
+        "gemini",
+        {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": 1.5e308}},
+        "generationConfig.maxOutputTokens",
+    ),
+    (
+        "openai_responses",
+        {"input": "x", "top_p": -0.0},
+        "top_p is out of range (got -0.0)",
     ),
     (
         "openai_chat",

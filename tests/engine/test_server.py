@@ -53,8 +53,10 @@ def _assert_error(status: int, body: dict[str, Any], code: int, *fragments: str)
         ({"messages": []}, ["messages"]),
         ({"presence_penalty": 0.5}, ["presence_penalty=0.5", "neutral value"]),
         ({"repetition_penalty": 1.1}, ["repetition_penalty"]),
-        ({"logit_bias": {"5": 10}}, ["logit_bias", "constrained decoding"]),
-        ({"response_format": {"type": "json_object"}}, ["response_format"]),
+        ({"logit_bias": {"5": 10}}, ["logit_bias", "not supported"]),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, ["json_schema.schema"]),
+        ({"response_format": {"type": "grammar"}}, ["response_format.type='grammar'"]),
+        ({"structured_outputs": {"nonsense": 1}}, ["structured_outputs has none of"]),
         ({"messages": [{"content": "x"}]}, ["role"]),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

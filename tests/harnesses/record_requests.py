@@ -6,7 +6,11 @@ request (method, path, headers, body) exactly as sent. Keys are scrubbed: the se
 ``SESSION_KEY`` wherever it appears, auth headers become ``<scrubbed>``. The dialect golden tests
 replay these bodies.
 
-    python -m tests.harnesses.record_requests [NAME ...] [--all-formats]
+    python -m tests.harnesses.record_requests [NAME ...] [--all-formats] [--structured]
+
+``--structured`` also keeps every structured-output call (``output_config.format``,
+``responseMimeType: application/json``, ``response_format``, ``text.format``) the agent made, with
+the status the proxy answered, in ``<harness>.structured.json``.
 """
 
 from __future__ import annotations
@@ -115,10 +119,35 @@ def pick(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return posts[0] if posts else None
 
 
+def is_structured(body: Any) -> bool:
+    """Whether a request body asks for structured output, in any of the four formats."""
+    if not isinstance(body, dict):
+        return False
+    output_config = body.get("output_config")
+    if isinstance(output_config, dict) and output_config.get("format"):
+        return True
+    gen = body.get("generationConfig") or body.get("generation_config")
+    if (
+        isinstance(gen, dict)
+        and (gen.get("responseMimeType") or gen.get("response_mime_type")) == "application/json"
+    ):
+        return True
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return True
+    text = body.get("text")
+    return (
+        isinstance(text, dict)
+        and isinstance(text.get("format"), dict)
+        and text["format"].get("type") != "text"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*")
     parser.add_argument("--all-formats", action="store_true")
+    parser.add_argument("--structured", action="store_true", help="also record structured-output calls")
     args = parser.parse_args()
     names = args.names or list(HARNESSES)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -151,6 +180,22 @@ def main() -> int:
                     timeout_seconds=240,
                     step_limit=8,
                 )
+                if args.structured:
+                    structured = [
+                        scrub(r, key)
+                        for r in tap.records[before:]
+                        if r["method"] == "POST"
+                        and r["body"].startswith("{")
+                        and is_structured(json.loads(r["body"]))
+                    ]
+                    if structured:
+                        out_s = {"harness": name, "package": h.package, "version": h.version, "api_format": fmt,
+                                 "requests": structured}  # fmt: skip
+                        spath = (
+                            OUT_DIR / f"{name}{'' if fmt == h.default_format else '.' + fmt}.structured.json"
+                        )
+                        spath.write_text(json.dumps(out_s, indent=1, ensure_ascii=False) + "\n")
+                        print(f"{name}/{fmt}: {len(structured)} structured call(s) -> {spath}")
                 chosen = pick(tap.records[before:])
                 if chosen is None:
                     print(f"{name}/{fmt}: no model request recorded ({result.exit_reason})")

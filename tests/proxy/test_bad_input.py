@@ -163,8 +163,17 @@ def test_slow_engine_stream_gets_keepalives_then_full_events(make_proxy: Any, fm
     s = h.session()
     r = post(h, s, fmt, "SLOW TOOL", stream=True, tools=True)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    keepalive = {"anthropic_messages": b"event: ping"}.get(fmt, b": keepalive")
-    assert r.content.startswith(keepalive)
+    assert r.content.startswith(b": keep-alive\n\n")
+    # The first event after the keep-alives is the format's own first event.
+    first = [line for line in r.content.split(b"\n") if line and not line.startswith(b":")][0]
+    expected = {
+        "anthropic_messages": b"event: message_start",
+        "openai_responses": b"event: response.created",
+    }.get(fmt)
+    if expected is not None:
+        assert first == expected, first
+    else:
+        assert first.startswith(b"data: {") and b'"error"' not in first, first
     assert b"bash" in r.content
     (call,) = h.store.read_session(s["session_id"])["calls"]
     assert call["finish_reason"] == "tool_calls" and call["stream"] is True

@@ -198,6 +198,186 @@ def test_google_genai_sdk(live: dict[str, Any]) -> None:
     _check_records(live, s, texts)
 
 
+# Bounded, so a random tiny model completes it well within max_tokens under the grammar.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["title", "count"],
+    "additionalProperties": False,
+}
+
+
+def _valid(text: str) -> dict[str, Any]:
+    import json
+
+    import jsonschema
+
+    value = json.loads(text)
+    jsonschema.validate(value, SCHEMA)
+    return dict(value)
+
+
+def _constrained_records(live: dict[str, Any], session: dict[str, Any], n: int) -> None:
+    calls = httpx.get(f"{live['proxy']}/sessions/{session['session_id']}/rollout", timeout=60).json()["calls"]
+    assert len(calls) == n and all(c["constrained"] is True and c["requested_format"] for c in calls)
+    # Recorded, aligned, but kept as context: the rows train on none of these tokens by default.
+    assert all(c["logprobs_aligned"] for c in calls)
+
+
+def test_structured_output_through_the_openai_sdk(live: dict[str, Any]) -> None:
+    import openai
+    from pydantic import BaseModel, Field
+
+    class Title(BaseModel):
+        title: str = Field(max_length=12)
+        count: int = Field(ge=0, le=99)
+
+    s = _session(live, harness="sdk-structured-openai")
+    client = openai.OpenAI(base_url=f"{live['proxy']}/s/{s['key']}/v1", api_key="unused", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "title", "schema": SCHEMA, "strict": True}}
+    messages = [{"role": "user", "content": "Title this session."}]
+    reply = client.chat.completions.create(model="m", messages=messages, response_format=fmt, max_tokens=120)
+    _valid(reply.choices[0].message.content or "")
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=messages, response_format=fmt, max_tokens=120, stream=True
+        )
+    )
+    _valid("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    parsed = client.chat.completions.parse(
+        model="m", messages=messages, response_format=Title, max_tokens=120
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Title)  # the SDK's own strict parse
+    text_fmt = {"format": {"type": "json_schema", "name": "title", "schema": SCHEMA, "strict": True}}
+    response = client.responses.create(
+        model="m", input="Title this session.", text=text_fmt, max_output_tokens=120
+    )
+    _valid(response.output_text)
+    events = list(
+        client.responses.create(
+            model="m", input="Title this session.", text=text_fmt, max_output_tokens=120, stream=True
+        )
+    )
+    assert events[0].type == "response.created"
+    _valid(events[-1].response.output_text)
+    _constrained_records(live, s, 5)
+
+
+def test_structured_output_through_the_anthropic_sdk(live: dict[str, Any]) -> None:
+    import anthropic
+
+    s = _session(live, harness="sdk-structured-anthropic")
+    client = anthropic.Anthropic(base_url=f"{live['proxy']}/s/{s['key']}", api_key="unused", max_retries=0)
+    kwargs: dict[str, Any] = {
+        "model": "claude-opus-4-8",
+        "max_tokens": 120,
+        "messages": [{"role": "user", "content": "Title this session."}],
+        "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+    }
+    msg = client.messages.create(**kwargs)
+    _valid("".join(b.text for b in msg.content if b.type == "text"))
+    with client.messages.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert events[0].type == "message_start"
+    _valid("".join(b.text for b in final.content if b.type == "text"))
+    _constrained_records(live, s, 2)
+
+
+def test_structured_output_through_the_google_genai_sdk(live: dict[str, Any]) -> None:
+    from google import genai
+    from google.genai import types
+
+    s = _session(live, harness="sdk-structured-gemini")
+    client = genai.Client(api_key=s["key"], http_options=types.HttpOptions(base_url=live["proxy"]))
+    config = types.GenerateContentConfig(
+        max_output_tokens=120, response_mime_type="application/json", response_json_schema=SCHEMA
+    )
+    reply = client.models.generate_content(
+        model="gemini-3.1-pro-preview", contents="Title this.", config=config
+    )
+    _valid(reply.text or "")
+    chunks = list(
+        client.models.generate_content_stream(
+            model="gemini-3.1-pro-preview", contents="Title this.", config=config
+        )
+    )
+    _valid("".join(c.text or "" for c in chunks))
+    _constrained_records(live, s, 2)
+
+
+def _structured_fixtures() -> list[tuple[str, str]]:
+    from fineenvs.dialects import DIALECTS
+    from tests.dialects.dialect_helpers import fixture_names, load_fixture
+    from tests.harnesses.record_requests import is_structured
+
+    return [(f, n) for f in DIALECTS for n in fixture_names(f) if is_structured(load_fixture(f, n)["body"])]
+
+
+@pytest.mark.parametrize(("api_format", "name"), _structured_fixtures())
+def test_recorded_structured_calls_are_served_and_parse_strictly(
+    live: dict[str, Any], api_format: str, name: str
+) -> None:
+    """The agents' own structured-output calls (Claude Code's title, Gemini CLI's router, ...)
+    replayed against the proxy in front of the embedded engine: served (the engine used to answer
+    400), replies valid under the SDKs' strict models, recorded as constrained."""
+    import copy
+
+    from tests.dialects.dialect_helpers import load_fixture, validate_reply, validate_stream
+
+    fx = load_fixture(api_format, name)
+    s = _session(live, harness=f"replay-{name}")
+    body = copy.deepcopy(fx["body"])
+    headers = {**fx.get("headers", {}), "authorization": f"Bearer {s['key']}", "x-api-key": s["key"],
+               "x-goog-api-key": s["key"]}  # fmt: skip
+    reply = httpx.post(f"{live['proxy']}/s/{s['key']}{fx['path']}", json=body, headers=headers, timeout=300)
+    assert reply.status_code == 200, reply.text
+    streamed = reply.headers["content-type"].startswith("text/event-stream")
+    if streamed:
+        assert validate_stream(api_format, reply.content)
+    else:
+        validate_reply(api_format, reply.json())
+    _constrained_records(live, s, 1)
+
+
+HOSTILE = [b"1000000000000000000000000000000", b"1.5e308", b"1e400", b"NaN", b"-Infinity", b"-0.0"]
+
+
+def test_hostile_numbers_get_the_callers_400_and_keep_the_connection(live: dict[str, Any]) -> None:
+    """Over one keep-alive connection: a hostile number, then a normal call (the socket survives)."""
+    import http.client
+    import json
+
+    s = _session(live, harness="hostile")
+    port = int(live["proxy"].rsplit(":", 1)[1])
+    shapes = {
+        "/v1/chat/completions": (b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":%s}', "error"),
+        "/v1/messages": (b'{"model":"m","max_tokens":%s,"messages":[{"role":"user","content":"x"}]}', "error"),
+        "/v1/responses": (b'{"model":"m","input":"x","max_output_tokens":%s}', "error"),
+        "/v1beta/models/g:generateContent": (
+            b'{"contents":[{"parts":[{"text":"x"}]}],"generationConfig":{"maxOutputTokens":%s}}', "error"),
+    }  # fmt: skip
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {s['key']}", "x-api-key": s["key"],
+               "x-goog-api-key": s["key"]}  # fmt: skip
+    for path, (template, key) in shapes.items():
+        for number in HOSTILE:
+            conn.request("POST", f"/s/{s['key']}{path}", body=template % number, headers=headers)
+            reply = conn.getresponse()
+            body = reply.read()
+            assert reply.status == 400, (path, number, reply.status, body)
+            assert key in json.loads(body), body  # the format's own error shape
+        ok = template % b"4"
+        conn.request("POST", f"/s/{s['key']}{path}", body=ok, headers=headers)
+        reply = conn.getresponse()
+        assert reply.status == 200, (path, reply.read())
+        reply.read()
+    conn.close()
+
+
 def test_sigkill_mid_run_loses_no_acknowledged_call(tmp_path: Path) -> None:
     from fineenvs.proxy.store import CallStore
 

@@ -156,3 +156,24 @@ def test_fidelity_metrics_and_per_harness_aggregation() -> None:
     assert agg["codex"].trainable_token_fraction == pytest.approx((3 + 9) / (7 + 9))
     logged = agg["opencode"].log_dict()
     assert logged["fidelity/opencode/trainable_token_fraction"] == 1.0
+
+
+def test_constrained_calls_are_context_unless_asked_and_are_counted() -> None:
+    """A structured-output call's logprobs are the grammar-masked distribution's: context only by
+    default, trained with RowOptions(train_constrained=True), counted in the fidelity metrics."""
+    a = call(0, SYSTEM, [10, 11])
+    b = call(1, end(a) + [20], [30, 31, 32])
+    b.constrained = True
+    (row,) = build_rows(TrajectoryGraph([a, b]), RowOptions()).rows
+    assert row.loss_mask[slice(*span(row, 0))] == [1, 1]
+    assert (
+        row.loss_mask[slice(*span(row, 1))] == [0, 0, 0] and row.logprobs[slice(*span(row, 1))] == [0.0] * 3
+    )
+    (trained,) = build_rows(TrajectoryGraph([a, b]), RowOptions(train_constrained=True)).rows
+    assert trained.loss_mask[slice(*span(trained, 1))] == [1, 1, 1]
+    session = build_session([a, b], {"harness": "claude_code"})
+    assert session.metrics.n_constrained == 1
+    assert (
+        aggregate([session.metrics])["claude_code"].log_dict()["fidelity/claude_code/constrained_calls"]
+        == 1.0
+    )
