@@ -137,7 +137,9 @@ out = []
 for body in json.load(sys.stdin):
     req = ChatCompletionRequest.model_validate(body)
     sp = req.to_sampling_params(body["max_tokens"], {})
-    out.append({"return_token_ids": req.return_token_ids, "return_weight_versions": req.return_weight_versions,
+    so = sp.structured_outputs
+    out.append({"structured": None if so is None else {"json": so.json is not None, "json_object": bool(so.json_object)},
+                "return_token_ids": req.return_token_ids, "return_weight_versions": req.return_weight_versions,
                 "include_reasoning": req.include_reasoning, "logprobs": sp.logprobs, "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "min_p": sp.min_p, "n": sp.n, "max_tokens": sp.max_tokens})
 print(json.dumps(out))
@@ -167,6 +169,14 @@ def test_proxy_engine_requests_are_valid_vllm_chat_requests() -> None:
             "max_tokens": 9000,
             "stream_options": {"include_usage": True},
         },
+        {
+            "messages": [{"role": "user", "content": "Title?"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": {"type": "object"}},
+            },
+        },
+        {"messages": [{"role": "user", "content": "Title?"}], "response_format": {"type": "json_object"}},
     ]
     bodies = [build_engine_request(c, settings).body for c in canonical]
     checked = run_in_vllm_env(CHECK_REQUESTS, bodies)
@@ -176,7 +186,14 @@ def test_proxy_engine_requests_are_valid_vllm_chat_requests() -> None:
         assert got["return_token_ids"] and got["return_weight_versions"] and got["include_reasoning"]
         assert (got["temperature"], got["top_p"], got["top_k"], got["min_p"]) == (0.8, 1.0, -1, 0.0)
         assert got["logprobs"] == 0 and got["n"] == 1
-    assert [g["max_tokens"] for g in checked] == [512, 512]
+    assert [g["max_tokens"] for g in checked] == [512] * 4
+    # Structured output reaches vLLM's SamplingParams as the grammar it decodes under.
+    assert [g["structured"] for g in checked] == [
+        None,
+        None,
+        {"json": True, "json_object": False},
+        {"json": False, "json_object": True},
+    ]
 
 
 CHECK_RESPONSE = r"""
