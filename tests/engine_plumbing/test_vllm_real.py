@@ -30,7 +30,7 @@ import pytest
 
 from fineenvs.engine.vllm import build_serve_command, prepare_chat_template
 
-from .vllm_helpers import VLLM_ARGV, run_in_vllm_env, vllm_parse_many, vllm_python
+from .vllm_helpers import VLLM_ARGV, fake_hub_cache, hub_snapshot, run_in_vllm_env, vllm_parse_many, vllm_python
 
 pytestmark = pytest.mark.vllm
 
@@ -82,24 +82,29 @@ def test_launcher_argv_passes_vllms_own_parser(tmp_path: Path) -> None:
     for name, (recipe, *extra) in sorted(RECIPES.items()):
         run = _compose(tmp_path / name, f"+experiment={recipe}", *extra)
         cases.append((name, replace(vllm_args(run), port=8123)))
+    hub_ids = sorted({args.model for _, args in cases if not Path(args.model).exists()})
+    assert "Qwen/Qwen3.8-27B" in hub_ids  # the teacher is served from the Hub
+    hub = fake_hub_cache(tmp_path / "hf-cache", hub_ids)
     argvs = []
     for _, args in cases:
         if args.template_path is not None:
             # Blocker 1 of the GPU path, against vLLM's own validator: the command names a
             # template that is not written yet, and vLLM refuses to start.
             argvs.append(build_serve_command(args)[1:])
-    unwritten = vllm_parse_many(argvs)
+    unwritten = vllm_parse_many(argvs, hub)
     assert unwritten and all(
         not r["ok"] and "appears path-like, but doesn't exist" in r["error"] for r in unwritten
     ), unwritten
     for _, args in cases:
         prepare_chat_template(args)
-    parsed = vllm_parse_many([build_serve_command(args)[1:] for _, args in cases])
+    parsed = vllm_parse_many([build_serve_command(args)[1:] for _, args in cases], hub)
     for (name, args), result in zip(cases, parsed, strict=True):
         assert result["ok"], (name, result)
         got = result["args"]
         template = args.template_path
-        assert got["model_tag"] == args.model and got["engine_args.model"] == args.model, name
+        # Offline, vLLM swaps a Hub id for its cached snapshot folder; a local path stays itself.
+        resolved = hub_snapshot(hub, args.model) if args.model in hub_ids else args.model
+        assert got["model_tag"] == args.model and got["engine_args.model"] == resolved, name
         assert got["served_model_name"] == [args.name]
         assert got["logprobs_mode"] == "processed_logprobs" == got["engine_args.logprobs_mode"]
         assert got["generation_config"] == "vllm"

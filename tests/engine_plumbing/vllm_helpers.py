@@ -51,8 +51,31 @@ def run_in_vllm_env(script: str, payload: Any = None, timeout: int = 300) -> Any
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def vllm_parse_many(argvs: list[list[str]]) -> list[dict[str, Any]]:
-    """``vllm_argv.py parse-many``: one vLLM import for many command lines."""
+def fake_hub_cache(root: Path, repo_ids: list[str]) -> Path:
+    """A Hugging Face cache holding an (empty) ``main`` snapshot of each repo id.
+
+    With ``HF_HUB_OFFLINE=1`` (as in CI, and on clusters that pre-download weights) vLLM resolves
+    a Hub id to its cached snapshot folder before anything else and refuses an uncached one; it
+    asks for no files (``ignore_patterns="*"``), so the folder layout is all it needs."""
+    for repo_id in repo_ids:
+        repo = root / ("models--" + repo_id.replace("/", "--"))
+        commit = "0" * 40
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def hub_snapshot(cache: Path, repo_id: str) -> str:
+    return str(cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / ("0" * 40))
+
+
+def vllm_parse_many(argvs: list[list[str]], hub_cache: Path | None = None) -> list[dict[str, Any]]:
+    """``vllm_argv.py parse-many``: one vLLM import for many command lines, offline (the Hub is
+    never reached), Hub ids resolved in ``hub_cache`` (``fake_hub_cache``)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if hub_cache is not None:
+        env["HF_HUB_CACHE"] = str(hub_cache)
     done = subprocess.run(
         [str(vllm_python()), str(VLLM_ARGV), "parse-many"],
         input=json.dumps(argvs),
@@ -60,6 +83,7 @@ def vllm_parse_many(argvs: list[list[str]]) -> list[dict[str, Any]]:
         text=True,
         timeout=600,
         cwd="/",
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
