@@ -30,7 +30,14 @@ import pytest
 
 from fineenvs.engine.vllm import build_serve_command, prepare_chat_template
 
-from .vllm_helpers import VLLM_ARGV, fake_hub_cache, hub_snapshot, run_in_vllm_env, vllm_parse_many, vllm_python
+from .vllm_helpers import (
+    VLLM_ARGV,
+    fake_hub_cache,
+    hub_snapshot,
+    run_in_vllm_env,
+    vllm_parse_many,
+    vllm_python,
+)
 
 pytestmark = pytest.mark.vllm
 
