@@ -22,13 +22,13 @@ import logging
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import GRPOSpec, RunConfig, WeightSyncKind
+from fineenvs.config import GRPOSpec, ModelSource, RunConfig, WeightSyncKind
 from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
@@ -98,7 +98,8 @@ class LoopStats:
     attempts: int = 0
     rows_trained: int = 0
     stale_dropped: int = 0
-    no_signal: int = 0
+    no_signal: int = 0  # groups whose rows all train with advantage 0 (any reason below)
+    signal_kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     empty_groups: int = 0
     consecutive_empty: int = 0
     weight_pushes: int = 0
@@ -110,9 +111,17 @@ class LoopStats:
 def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
     """Per-harness reward/pass/tool/row/duration metrics for the groups of one step."""
     by: dict[str, list[Any]] = defaultdict(list)
+    kinds: dict[str, Counter[str]] = defaultdict(Counter)
     for g in groups:
         by[g.planned.harness].extend(g.attempts)
+        kinds[g.planned.harness][g.signal()] += 1
     out: dict[str, float] = {}
+    for h, counts in kinds.items():
+        # Groups of this step without learning signal (every row trains with advantage 0).
+        out[metric_key("rollout", "groups", h)] = float(sum(counts.values()))
+        out[metric_key("rollout", "groups_no_signal", h)] = float(sum(counts.values()) - counts["signal"])
+        out[metric_key("rollout", "groups_all_correct", h)] = float(counts["all_correct"])
+        out[metric_key("rollout", "groups_all_zero", h)] = float(counts["all_zero"])
     for h, attempts in by.items():
         graded = [a.reward for a in attempts if a.reward is not None]
         if graded:
@@ -200,7 +209,9 @@ class GroupAdmission:
             stats.stale_dropped += 1
             self.state.mark(gid, "stale_dropped")
             return None
-        if len(group.graded) < 2:
+        kind = group.signal()
+        stats.signal_kinds[kind] += 1
+        if kind != "signal":
             stats.no_signal += 1
         if len(group.graded) < 2 or not any(a.rows for a in group.graded):
             stats.empty_groups += 1
@@ -377,10 +388,13 @@ async def _run_rl(run: RunConfig) -> float:
                     stats.weight_pushes += 1
                     pushed_now = True
                 metrics.update(group_metrics(batch))
+                metrics.update(advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch}))
                 metrics.update(
                     {
                         "rollout/groups_stale_dropped": float(stats.stale_dropped),
-                        "rollout/groups_no_signal": float(stats.no_signal),
+                        "rollout/groups_no_signal": float(stats.no_signal),  # all so far
+                        "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
+                        "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
                         "rollout/groups_empty": float(stats.empty_groups),
                         "rollout/inflight": float(scheduler.inflight),
                         "train/policy_version": float(trainer.policy_version),
@@ -417,6 +431,20 @@ async def _run_rl(run: RunConfig) -> float:
             state.save(state_path)
             await runner.aclose()
     return _summary(run, stats, out, started)
+
+
+def advantage_metrics(rows: list[Any], harness_of: dict[str, str]) -> dict[str, float]:
+    """Rows of one step trained with advantage 0 (no signal), per harness and in all."""
+    zero: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for r in rows:
+        h = harness_of.get(r.group_id, "unknown")
+        total[h] += 1
+        zero[h] += abs(r.advantage) < 1e-12
+    out = {metric_key("train", "rows_zero_advantage", h): float(zero[h]) for h in total}
+    out.update({metric_key("train", "rows", h): float(total[h]) for h in total})
+    out["train/rows_zero_advantage"] = float(sum(zero.values()))
+    return out
 
 
 def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
@@ -503,11 +531,33 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "last_ratio": stats.last_ratio,
         "stale_groups_dropped": stats.stale_dropped,
         "groups_without_signal": stats.no_signal,
+        "groups_by_signal": dict(stats.signal_kinds),
         "groups_without_rows": stats.empty_groups,
         "weight_pushes": stats.weight_pushes,
         "attempt_exits": dict(stats.exit_reasons),
         "seconds": round(time.monotonic() - started, 1),
         "output_dir": str(out),
     }
+    why = zero_reward_reason(run, stats)
+    if why:
+        summary["why_reward_is_0"] = why
     write_summary(out, "fineenvs run summary", summary)
     return mean_reward
+
+
+def zero_reward_reason(run: RunConfig, stats: LoopStats) -> str | None:
+    """Why a run's reward stayed 0, when it did, and where to see one that learns."""
+    if not stats.rewards or any(r > 0 for r in stats.rewards):
+        return None
+    if run.model.source is ModelSource.tiny:
+        cause = (
+            f"{run.model.path} is a randomly initialised tiny model: it cannot solve a task, so every "
+            "group is all-zero and every row trains with advantage 0 (no learning signal). This run "
+            "shows the machinery works, not learning."
+        )
+    else:
+        cause = (
+            "no attempt was graded correct, so every group is all-zero and every row trained with "
+            "advantage 0 (no learning signal); see the grader reasons in attempts.jsonl."
+        )
+    return cause + " For a run whose reward and held-out pass@1 rise: +experiment=mini_repro (experiments/mini_repro/README.md)."

@@ -62,6 +62,25 @@ class GroupOutcome:
     def num_rows(self) -> int:
         return sum(len(a.rows) for a in self.attempts)
 
+    def signal(self) -> str:
+        """Whether the group can teach anything, from its graded rewards.
+
+        ``"signal"``: the rewards differ, so advantages are non-zero. Otherwise every row trains
+        with advantage 0: ``"too_few_graded"`` (under two graded attempts), ``"all_correct"``
+        (every graded attempt fully correct and equal rewards: the published runs count 97 and
+        155 such groups), ``"all_zero"`` (every reward 0: the usual case of an untrained model)
+        or ``"all_equal"`` (the same non-zero reward, e.g. equal partial credit).
+        """
+        graded = self.graded
+        if len(graded) < 2:
+            return "too_few_graded"
+        rewards = [a.reward for a in graded if a.reward is not None]
+        if max(rewards) - min(rewards) > 1e-12:
+            return "signal"
+        if all((a.reward_terms.get("correctness") or 0.0) >= 1.0 for a in graded):
+            return "all_correct"
+        return "all_zero" if rewards[0] == 0.0 else "all_equal"
+
 
 class AttemptRunner(Protocol):
     async def __call__(

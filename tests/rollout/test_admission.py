@@ -99,3 +99,62 @@ def test_multi_row_attempt_rows_share_one_advantage() -> None:
         by_attempt.setdefault(r.attempt_id, set()).add(r.advantage)
     assert all(len(v) == 1 for v in by_attempt.values())
     assert by_attempt["g0-a0"] == by_attempt["g0-a3"] and by_attempt["g0-a0"] != by_attempt["g0-a1"]
+
+
+def _correct_group(i: int, correct: list[float], harness: str = "opencode") -> GroupOutcome:
+    """Rewards from the correctness term, as the reward function records them."""
+    g = _group(i, list(correct))
+    for a, c in zip(g.attempts, correct, strict=True):
+        a.reward_terms["correctness"] = c
+        a.harness = harness
+    return GroupOutcome(
+        PlannedGroup(i, g.planned.group_id, 0, i, f"t{i}", harness, g.planned.attempt_ids), g.attempts
+    )
+
+
+def test_all_equal_groups_are_counted_without_signal_per_harness() -> None:
+    """All-zero (the untrained model's case) and all-correct groups train with advantage 0: counted
+    per step and per harness, and their rows show up as zero-advantage rows."""
+    from fineenvs.rl import advantage_metrics, group_metrics
+
+    adm = _admission(rows_per_step=8)
+    groups = [
+        _correct_group(0, [0.0, 0.0, 0.0], "opencode"),
+        _correct_group(1, [1.0, 1.0], "opencode"),
+        _correct_group(2, [1.0, 0.0], "codex"),
+        _correct_group(3, [0.0, 0.0], "codex"),
+    ]
+    batch = None
+    for g in groups:
+        batch = adm.offer(g, policy_version=0) or batch
+    assert batch is not None and len(batch) == 4, "all-equal groups still train (their rows count)"
+    assert adm.stats.no_signal == 3
+    assert dict(adm.stats.signal_kinds) == {"all_zero": 2, "all_correct": 1, "signal": 1}
+    m = group_metrics(batch)
+    assert m["rollout/harness/opencode/groups_no_signal"] == 2.0
+    assert m["rollout/harness/opencode/groups_all_correct"] == 1.0
+    assert m["rollout/harness/opencode/groups_all_zero"] == 1.0
+    assert m["rollout/harness/codex/groups_no_signal"] == 1.0
+    assert m["rollout/harness/codex/groups"] == 2.0
+    rows = _stamp_rows(batch, "group")
+    a = advantage_metrics(rows, {g.planned.group_id: g.planned.harness for g in batch})
+    assert a["train/harness/opencode/rows_zero_advantage"] == 5.0 == a["train/harness/opencode/rows"]
+    assert a["train/harness/codex/rows_zero_advantage"] == 2.0 and a["train/harness/codex/rows"] == 4.0
+    assert a["train/rows_zero_advantage"] == 7.0
+
+
+def test_unequal_partial_credit_has_signal_and_equal_partial_does_not() -> None:
+    assert _group(0, [0.5, 0.5]).signal() == "all_equal"
+    assert _group(1, [0.5, 0.25]).signal() == "signal"
+    assert _group(2, [None, 1.0]).signal() == "too_few_graded"
+
+
+def test_summary_says_why_a_tiny_models_reward_is_0() -> None:
+    from fineenvs.config import ModelSource
+    from fineenvs.rl import zero_reward_reason
+
+    stats = LoopStats(rewards=[0.0, 0.0])
+    run = SimpleNamespace(model=SimpleNamespace(source=ModelSource.tiny, path="tiny_qwen"))
+    why = zero_reward_reason(run, stats)  # type: ignore[arg-type]
+    assert why is not None and "randomly initialised" in why and "mini_repro" in why
+    assert zero_reward_reason(run, LoopStats(rewards=[0.0, 1.0])) is None  # type: ignore[arg-type]
