@@ -36,6 +36,7 @@ class Job(enum.Enum):
     sft = "sft"
     collect_teacher = "collect_teacher"
     eval = "eval"
+    mini_repro = "mini_repro"
 
 
 class ModelSource(enum.Enum):
@@ -170,6 +171,9 @@ class EngineSpec:
     health_timeout_seconds: float = 900.0
     max_queue: int = 256
     """Embedded engine: requests waiting beyond this get a 503."""
+    policy: str = "model"
+    """Embedded engine: ``model`` samples; ``expert`` forces the scripted expert's replies
+    (``fineenvs.engine.expert``: the CPU teacher of ``+experiment=mini_repro``)."""
     devices: list[str] = field(default_factory=list)
     """GPUs a launched vLLM gets (indices or UUIDs from ``nvidia-smi -L``), as its
     ``CUDA_VISIBLE_DEVICES``; empty: the last TP x DP GPUs when training (the trainer keeps the
@@ -213,7 +217,7 @@ class HarnessSpec:
 @dataclass
 class TasksSpec:
     name: str = MISSING
-    """demo | smoldataenvs"""
+    """demo | mini | smoldataenvs"""
     split: str = "train"
     path: str | None = None
     """Local directory (Harbor layout) instead of the Hub."""
@@ -288,6 +292,8 @@ class SFTSpec:
     teacher_attempts_per_task: int = 3
     teacher_dir: str | None = None
     """job=sft: output directory of the ``job=collect_teacher`` run whose kept sessions are trained on."""
+    max_rollouts_per_harness: int | None = None
+    """job=sft: at most this many kept rollouts per harness (the first by task id); None keeps all."""
     save_steps: int = 50
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True
@@ -344,6 +350,37 @@ class EvalSpec:
 
 
 @dataclass
+class MiniReproSpec:
+    """``job=mini_repro``: the stages of the CPU learning mini-reproduction (``fineenvs.mini_repro``).
+
+    Each stage is its own run of ``python -m fineenvs.run`` in ``<output_dir>/<stage>``; a stage
+    whose ``STAGE_DONE`` file exists is skipped, so a rerun resumes."""
+
+    stages: list[str] = field(
+        default_factory=lambda: ["teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report"]
+    )
+    harnesses: list[str] = field(default_factory=lambda: ["mini_swe_agent", "pi", "opencode"])
+    """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
+    base_harness: str = "mini_swe_agent"
+    """The one harness whose teacher rollouts warm-start the student (the "base") and RL'd alone."""
+    teacher_tasks: int | None = None
+    """Training tasks the teacher attempts per harness (None: the whole train split)."""
+    sft_mix_tasks: int | None = 24
+    """Teacher rollouts per harness in the SFT-on-the-mix baseline (long prompts are costly on CPU)."""
+    base_epochs: float = 4.0
+    sft_learning_rate: float = 3.0e-3
+    rl_steps: int = 12
+    rl_learning_rate: float = 5.0e-4
+    group_size: int = 4
+    eval_tasks: int | None = 18
+    """Held-out eval-split tasks per harness in the final matrix (None: all 36)."""
+    eval_every: int = 4
+    """RL steps between in-training evaluations (pass@1 over steps)."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra Hydra overrides given to every stage (e.g. ``[sampling.temperature=1.0]``)."""
+
+
+@dataclass
 class RunConfig:
     job: Job = Job.rl
     experiment: str | None = None
@@ -364,6 +401,7 @@ class RunConfig:
     rows: RowsSpec = field(default_factory=RowsSpec)
     logger: LoggerSpec = field(default_factory=LoggerSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
+    mini_repro: MiniReproSpec = field(default_factory=MiniReproSpec)
 
 
 def register_configs() -> None:
@@ -559,6 +597,18 @@ def _check_engine(run: RunConfig) -> list[str]:
         )
     if e.weight_sync is WeightSyncKind.nccl and e.kind is not EngineKind.vllm:
         out.append("engine.weight_sync=nccl needs engine=vllm. Fix: engine.weight_sync=auto")
+    if e.policy not in ("model", "expert"):
+        out.append(f"engine.policy is {e.policy!r}: choose model (sample) or expert (the scripted teacher).")
+    elif e.policy == "expert" and (e.kind is not EngineKind.transformers or e.url):
+        out.append(
+            "engine.policy=expert is the embedded engine's scripted teacher: it needs engine=transformers "
+            "launched here (no engine.url). Fix: engine=transformers engine.url=null"
+        )
+    elif e.policy == "expert" and run.job is Job.rl:
+        out.append(
+            "engine.policy=expert forces scripted replies, so RL would train on tokens the policy did not "
+            "sample. Fix: use it for job=collect_teacher (or eval), engine.policy=model for RL"
+        )
     if e.tensor_parallel_size < 1 or e.data_parallel_size < 1:
         out.append("engine.tensor_parallel_size and engine.data_parallel_size must be >= 1.")
     if not 0.0 < e.gpu_memory_utilization <= 1.0:

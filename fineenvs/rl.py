@@ -388,7 +388,9 @@ async def _run_rl(run: RunConfig) -> float:
                     stats.weight_pushes += 1
                     pushed_now = True
                 metrics.update(group_metrics(batch))
-                metrics.update(advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch}))
+                metrics.update(
+                    advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch})
+                )
                 metrics.update(
                     {
                         "rollout/groups_stale_dropped": float(stats.stale_dropped),
@@ -560,4 +562,7 @@ def zero_reward_reason(run: RunConfig, stats: LoopStats) -> str | None:
             "no attempt was graded correct, so every group is all-zero and every row trained with "
             "advantage 0 (no learning signal); see the grader reasons in attempts.jsonl."
         )
-    return cause + " For a run whose reward and held-out pass@1 rise: +experiment=mini_repro (experiments/mini_repro/README.md)."
+    return (
+        cause
+        + " For a run whose reward and held-out pass@1 rise: +experiment=mini_repro (experiments/mini_repro/README.md)."
+    )

@@ -461,6 +461,14 @@ def run_sft(run: RunConfig) -> float | None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
+    if t.max_rollouts_per_harness is not None:
+        taken: Counter[str] = Counter()
+        kept_sessions = []
+        for s in sorted(sessions, key=lambda s: (s.harness, s.task_id)):
+            if taken[s.harness] < t.max_rollouts_per_harness:
+                taken[s.harness] += 1
+                kept_sessions.append(s)
+        sessions = kept_sessions
     from transformers import AutoTokenizer
 
     from fineenvs.logging import MetricLogger

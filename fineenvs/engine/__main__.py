@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=("compact", "flexible"),
         help="JSON structured output: no whitespace between tokens (default), or any",
     )
+    serve.add_argument(
+        "--policy",
+        default="model",
+        choices=("model", "expert"),
+        help="model: sample from the model (default); expert: force the scripted expert's replies "
+        "(fineenvs.engine.expert, the mini-reproduction's teacher)",
+    )
     serve.add_argument("--log-level", default="info")
     client = sub.add_parser(
         "install-vllm-client",
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         tool_call_format=args.tool_call_parser,
         max_batch_size=args.max_batch_size,
         device=args.device,
+        policy=args.policy,
     )
     app.state.engine.structured_whitespace = args.structured_whitespace
     logging.getLogger("fineenvs.engine").info(

@@ -221,6 +221,7 @@ def launch_transformers_engine(
     max_queue: int | None = None,
     max_model_len: int | None = None,
     tool_call_parser: str | None = None,
+    policy: str | None = None,
     python: str | None = None,
     timeout_s: float = 180.0,
     grace_s: float = 10.0,
@@ -233,6 +234,7 @@ def launch_transformers_engine(
         "--max-queue": max_queue,
         "--max-model-len": max_model_len,
         "--tool-call-parser": tool_call_parser,
+        "--policy": policy,
     }
 
     def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:

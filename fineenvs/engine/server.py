@@ -380,6 +380,7 @@ class EngineState:
         self.tool_call_format = tool_call_format
         self.enable_test_hooks = enable_test_hooks
         self.worker = _Worker(generator, max_batch_size, decode_delay_s)
+        self.policy = "model"  # or "expert": the scripted teacher's replies are forced
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
@@ -441,6 +442,15 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     forced: tuple[int, ...] = ()
     if state.enable_test_hooks and req.forced_completion_prefix:
         forced = tuple(state.generator.encode(req.forced_completion_prefix))
+    if state.policy == "expert":
+        from fineenvs.engine.expert import expert_reply
+
+        text = expert_reply(
+            req.messages, req.tools if req.tool_choice != "none" else None, state.tool_call_format
+        )
+        # The reply, then end of turn: decoded through the normal path, so ids, logprobs and
+        # tool-call parsing are the served model's own.
+        forced = (*state.generator.encode(text), state.generator.eos_token_ids[0])
     tools_active = bool(req.tools) and req.tool_choice != "none"
     defaults = state.generation_defaults
     temperature = req.temperature if req.temperature is not None else defaults.get("temperature", 1.0)
@@ -735,14 +745,18 @@ def create_engine_app(
     max_batch_size: int = 8,
     device: str | None = None,
     decode_delay_s: float = 0.0,
+    policy: str = "model",
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
     from the architecture). ``max_batch_size=1`` serialises generation completely. ``device``
     defaults to the CPU (``"cuda"`` serves a single GPU). ``enable_test_hooks`` honours the
-    request field ``forced_completion_prefix`` (tests only; never in production).
+    request field ``forced_completion_prefix`` (tests only; never in production). ``policy="expert"``
+    forces the scripted expert's reply (``fineenvs.engine.expert``) instead of sampling.
     """
+    if policy not in ("model", "expert"):
+        raise ValueError(f"policy={policy!r}: choose 'model' (sample) or 'expert' (the scripted teacher)")
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
     if max_batch_size < 1:
@@ -781,6 +795,7 @@ def create_engine_app(
         ],
         lifespan=lifespan,
     )
+    state.policy = policy
     app.state.engine = state
     return app
 

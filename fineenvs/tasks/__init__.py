@@ -3,6 +3,7 @@
     from fineenvs.tasks import load_tasks, training_subset, grade_workdir, materialize_inputs
 
     tasks = load_tasks("demo", split="train")                       # offline, generated from a seed
+    tasks = load_tasks("mini", split="eval", seed=MINI_SEED)        # the learnable held-out set
     tasks = load_tasks("smoldataenvs", split="test", path="/data/SmolDataEnvs-harbor")   # local copy
     tasks = load_tasks("smoldataenvs", split="train", revision="<sha>")   # Hub (needs network)
     subset = training_subset(load_tasks("smoldataenvs", split="train", path=...))   # 400 + 600
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from fineenvs.tasks.demo import DEMO_SEED, ensure_demo, generate_demo
 from fineenvs.tasks.grader import Grade, grade, grade_workdir
+from fineenvs.tasks.mini import MINI_SEED, ensure_mini
 from fineenvs.tasks.model import (
     ANSWER_FILE,
     ANSWER_TYPES,
@@ -29,7 +31,7 @@ from fineenvs.tasks.model import (
 )
 from fineenvs.tasks.smoldataenvs import SPLITS, TaskSetUnavailableError, load_hub, load_local
 
-TASK_SETS = ("demo", "smoldataenvs")
+TASK_SETS = ("demo", "mini", "smoldataenvs")
 TRAIN_SUBSET_SALT = "fineenvs-train-1000-v1"
 TRAIN_SUBSET_MEDIUM = 400
 TRAIN_SUBSET_HARD = 600
@@ -42,6 +44,7 @@ SUBSETS: dict[str, tuple[int, int, int]] = {
 __all__ = [
     "ANSWER_FILE",
     "DEMO_SEED",
+    "MINI_SEED",
     "TASK_SETS",
     "Grade",
     "HiddenAnswer",
@@ -50,6 +53,7 @@ __all__ = [
     "TaskFilter",
     "TaskSetUnavailableError",
     "ensure_demo",
+    "ensure_mini",
     "generate_demo",
     "grade",
     "grade_workdir",
@@ -114,7 +118,7 @@ def load_tasks(
         raise TaskError(f"subset={subset!r} is a training subset; it needs split='train', not {split!r}")
     if name not in TASK_SETS:
         raise TaskError(
-            f"unknown task set {name!r}; choose one of {TASK_SETS} (tasks=demo or tasks=smoldataenvs)"
+            f"unknown task set {name!r}; choose one of {TASK_SETS} (tasks=demo, tasks=mini or tasks=smoldataenvs)"
         )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise TaskError(f"limit={limit!r} must be a non-negative integer or None")
@@ -122,6 +126,11 @@ def load_tasks(
         if revision is not None:
             raise TaskError("the demo set is generated locally; it has no revision (drop tasks.revision)")
         root = Path(path) if path is not None else ensure_demo(seed)
+        tasks = load_local(root, split=split, layout="harbor")
+    elif name == "mini":
+        if revision is not None:
+            raise TaskError("the mini set is generated locally; it has no revision (drop tasks.revision)")
+        root = Path(path) if path is not None else ensure_mini(seed)
         tasks = load_local(root, split=split, layout="harbor")
     elif path is not None:
         tasks = load_local(Path(path), split=split, layout=layout)

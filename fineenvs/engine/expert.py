@@ -1,0 +1,120 @@
+"""The scripted expert: the CPU teacher of the mini-reproduction (a stand-in for Qwen3.8-27B).
+
+The published SFT baseline collects rollouts of a large teacher through the real harnesses. On a
+CPU machine no model solves tasks, so the teacher here is a policy that reads the task from the
+conversation, as a large model would, and answers in the served model's own chat format. It runs
+inside the embedded engine (``--policy expert``): the expert's text is *forced* token by token
+through the normal decoding path, so the reply has real prompt token ids, sampled ids, processed
+logprobs (the served model's, of the forced tokens) and tool calls parsed by the model's own
+tool-call parser. Everything downstream (the proxy, the records, the rows, SFT) is unchanged.
+
+What the expert knows:
+
+- the mini task templates (``fineenvs.tasks.mini``): it recognises the question in a user message
+  and writes one shell command that computes the answer from the data file into ``answer.txt``
+  (``*.csv``: the task's one data file) — never the gold answer, which it does not see;
+- which offered tool runs a shell command (``bash``, ``Bash``, ``exec_command``,
+  ``run_shell_command``, ``terminal``, or any tool taking ``command``/``cmd``), and how each
+  harness ends a task: Mini-SWE-Agent's submit command when the prompt asks for it, else a short
+  final message.
+
+A conversation without a recognised task (an agent's title or summary call, say) gets a short
+plain answer, so the agent moves on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fineenvs.engine.toolcalls import ToolCallFormat
+
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_SHELL_TOOLS = ("bash", "Bash", "exec_command", "run_shell_command", "terminal", "shell")
+_COMMAND_KEYS = ("command", "cmd")
+_QUESTIONS = (
+    ("rows", re.compile(r"How many data rows does (\S+\.csv) have\?")),
+    ("sum", re.compile(r"What is the sum of the (\w+) column \(column (\d+)\) in (\S+\.csv)\?")),
+    ("max", re.compile(r"What is the largest value in the (\w+) column \(column (\d+)\) of (\S+\.csv)\?")),
+)
+DONE_TEXT = "The answer is in answer.txt."
+NO_TASK_TEXT = "Solving the task."
+
+
+def _texts(message: dict[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
+def solution_command(messages: list[dict[str, Any]]) -> str | None:
+    """The shell command that solves the task stated in the conversation's user messages."""
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        for text in _texts(message):
+            for template, pattern in _QUESTIONS:
+                match = pattern.search(text)
+                if match is None:
+                    continue
+                if template == "rows":
+                    return "tail -n +2 *.csv | wc -l > answer.txt"
+                n = match.group(2)
+                if template == "sum":
+                    return f"awk -F, 'NR>1{{s+=${n}}}END{{print s}}' *.csv > answer.txt"
+                return f"awk -F, 'NR>1&&${n}>m{{m=${n}}}END{{print m}}' *.csv > answer.txt"
+    return None
+
+
+def shell_tool(tools: list[dict[str, Any]] | None) -> tuple[str, str, dict[str, Any]] | None:
+    """(tool name, command argument, the tool's JSON schema) of the tool that runs shell commands."""
+    functions = [t.get("function", t) for t in tools or [] if isinstance(t, dict)]
+    by_name = {f.get("name"): f for f in functions if isinstance(f, dict)}
+    ordered = [by_name[n] for n in _SHELL_TOOLS if n in by_name] + functions
+    for f in ordered:
+        props = (f.get("parameters") or {}).get("properties") or {}
+        key = next((k for k in _COMMAND_KEYS if k in props), None)
+        if key is not None:
+            return str(f["name"]), key, f.get("parameters") or {}
+    return None
+
+
+def _ran(messages: list[dict[str, Any]], command: str) -> bool:
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            args = (call.get("function") or {}).get("arguments")
+            if isinstance(args, str) and command.split(" > ")[0] in args.replace('\\"', '"'):
+                return True
+    return False
+
+
+def render_tool_call(fmt: ToolCallFormat, name: str, arguments: dict[str, Any]) -> str:
+    """A tool call written as the model family writes it (what ``parse_tool_calls`` reads back)."""
+    if fmt == "hermes":
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    if fmt == "qwen3_xml":
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    rendered = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return f"<|tool_call_start|>[{name}({rendered})]<|tool_call_end|>"
+
+
+def expert_reply(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ToolCallFormat
+) -> str:
+    """The expert's next assistant message, as text in the model's chat format."""
+    command = solution_command(messages)
+    tool = shell_tool(tools)
+    if command is None or tool is None:
+        return NO_TASK_TEXT if command is None else DONE_TEXT
+    name, key, _ = tool
+    prompt_text = "\n".join(t for m in messages for t in _texts(m))
+    if not _ran(messages, command):
+        return render_tool_call(fmt, name, {key: command})
+    if SUBMIT in prompt_text and not _ran(messages, f"echo {SUBMIT}"):
+        return render_tool_call(fmt, name, {key: f"echo {SUBMIT}"})
+    return DONE_TEXT

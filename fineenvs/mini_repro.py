@@ -1,0 +1,331 @@
+"""``job=mini_repro``: the learning mini-reproduction on a CPU, stage by stage.
+
+    python -m fineenvs.run +experiment=mini_repro [output_dir=...] [mini_repro.rl_steps=...]
+
+Each stage is a normal run of ``python -m fineenvs.run +experiment=mini_repro job=<job> ...`` in
+``<output_dir>/<stage>`` (log: ``<stage>.log``), so every piece is the real one: the scheduler,
+the capture proxy, the real agent CLIs, trajectory rows, the reward, TRL's SFT and the GRPO
+trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
+
+``teacher``  the scripted expert (``engine.policy=expert``) through the real harnesses on the
+             training split: every task in ``base_harness``, ``sft_mix_tasks`` in the others;
+``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts only;
+``rl_one``   GRPO from the base in ``base_harness`` alone;
+``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, rotation);
+``sft_mix``  SFT from the base on the teacher's rollouts across ``harnesses``;
+``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
+``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
+
+A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same ``output_dir`` resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import MiniReproSpec, RunConfig
+
+STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
+CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
+DONE = "STAGE_DONE"
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def _list(values: list[str]) -> str:
+    return "[" + ",".join(values) + "]"
+
+
+def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[str]:
+    return [
+        "job=rl",
+        "trainer=grpo",
+        "model.source=local",
+        f"model.path={base}",
+        f"harness={_list(harnesses)}",
+        f"trainer.max_steps={m.rl_steps}",
+        f"trainer.learning_rate={m.rl_learning_rate}",
+        f"trainer.save_steps={m.eval_every}",
+        f"trainer.eval_steps={m.eval_every}",
+        f"eval.subset_during_training={m.eval_tasks if m.eval_tasks is not None else 'null'}",
+        f"scheduler.group_size={m.group_size}",
+        "trainer.per_device_batch_size=4",
+        "trainer.gradient_accumulation_steps=2",
+        "trainer.token_budget=32768",
+        "trainer.dtype=float32",
+        "trainer.gradient_checkpointing=false",
+    ]
+
+
+def _sft_overrides(m: MiniReproSpec, harnesses: list[str], teacher: Path, epochs: float) -> list[str]:
+    return [
+        "job=sft",
+        "trainer=sft",
+        f"harness={_list(harnesses)}",
+        f"trainer.teacher_dir={teacher}",
+        f"trainer.num_train_epochs={epochs}",
+        f"trainer.learning_rate={m.sft_learning_rate}",
+        "trainer.per_device_batch_size=1",
+        "trainer.gradient_accumulation_steps=4",
+        "trainer.max_length=32768",
+        "trainer.save_steps=100000",
+        "trainer.dtype=float32",
+        "trainer.gradient_checkpointing=false",
+    ]
+
+
+def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) -> dict[str, list[list[str]]]:
+    """The ``fineenvs.run`` override lists of each stage (a stage may be several runs)."""
+    others = [h for h in m.harnesses if h != m.base_harness]
+    teacher = out / "teacher"
+    limit = "null" if m.teacher_tasks is None else str(m.teacher_tasks)
+    mix_limit = str(m.sft_mix_tasks) if m.sft_mix_tasks is not None else limit
+    collect = [
+        "job=collect_teacher",
+        "trainer=sft",
+        "engine.policy=expert",
+        "trainer.teacher_attempts_per_task=1",
+    ]
+    commands: dict[str, list[list[str]]] = {
+        "teacher": [[*collect, f"harness=[{m.base_harness}]", f"tasks.limit={limit}"]],
+        "base": [_sft_overrides(m, [m.base_harness], teacher, m.base_epochs)],
+    }
+    if others:
+        commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={mix_limit}"])
+    base = checkpoints.get("base")
+    if base is not None:
+        commands["rl_one"] = [_rl_overrides(m, [m.base_harness], base)]
+        commands["rl_mix"] = [_rl_overrides(m, list(m.harnesses), base)]
+        commands["sft_mix"] = [
+            [
+                *_sft_overrides(m, list(m.harnesses), teacher, 1.0),
+                "model.source=local",
+                f"model.path={base}",
+                f"trainer.max_rollouts_per_harness={m.sft_mix_tasks if m.sft_mix_tasks is not None else 'null'}",
+            ]
+        ]
+    ready = [checkpoints[s] for s in CHECKPOINT_STAGES if s in checkpoints]
+    if ready:
+        commands["eval"] = [
+            [
+                "job=eval",
+                "trainer=grpo",
+                f"harness={_list(list(m.harnesses))}",
+                f"eval.checkpoints={_list([str(p) for p in ready])}",
+                "eval.split=eval",
+                f"eval.limit={m.eval_tasks if m.eval_tasks is not None else 'null'}",
+                "engine.weight_sync=none",
+            ]
+        ]
+    return commands
+
+
+def _stage_checkpoint(stage_dir: Path) -> Path | None:
+    summary = stage_dir / "summary.json"
+    if summary.is_file():
+        ckpt = json.loads(summary.read_text()).get("checkpoint")
+        if ckpt and Path(ckpt).is_dir():
+            return Path(ckpt)
+    from fineenvs.rl import latest_checkpoint
+
+    return latest_checkpoint(stage_dir / "checkpoints")
+
+
+def _run_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) -> float:
+    stage_dir = out / name
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    log = out / f"{name}.log"
+    started = time.monotonic()
+    with log.open("a", encoding="utf-8") as f:
+        for overrides in runs:
+            cmd = [
+                sys.executable,
+                "-m",
+                "fineenvs.run",
+                "+experiment=mini_repro",
+                *overrides,
+                *extra,
+                f"output_dir={stage_dir}",
+            ]
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ}, check=False)
+            if done.returncode != 0:
+                tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+                raise StageFailed(
+                    f"stage {name} failed (exit {done.returncode}); its log is {log}. Last lines:\n"
+                    + "\n".join(tail)
+                    + "\nFix the cause and rerun the same command: finished stages are skipped."
+                )
+    seconds = time.monotonic() - started
+    (stage_dir / DONE).write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
+    return seconds
+
+
+def run_mini_repro(run: RunConfig) -> float | None:
+    m = run.mini_repro
+    unknown = [s for s in m.stages if s not in STAGES]
+    if unknown or not m.stages:
+        raise ValueError(
+            f"mini_repro.stages has {unknown or 'nothing'}; choose from {list(STAGES)} (in order)"
+        )
+    if m.base_harness not in m.harnesses:
+        raise ValueError(
+            f"mini_repro.base_harness={m.base_harness} is not in mini_repro.harnesses={m.harnesses}: the base "
+            "is evaluated in every harness of the mix. Fix: add it to mini_repro.harnesses"
+        )
+    out = Path(str(run.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    checkpoints: dict[str, Path] = {}
+    for stage in m.stages:
+        stage_dir = out / stage
+        if stage != "report" and (stage_dir / DONE).is_file():
+            print(f"mini_repro: {stage} already done ({stage_dir})", flush=True)
+        elif stage == "report":
+            report_dir = write_report(out, m)
+            print(f"mini_repro: report in {report_dir}", flush=True)
+        else:
+            runs = stage_commands(m, out, checkpoints).get(stage)
+            if runs is None:
+                raise StageFailed(
+                    f"stage {stage} needs the base checkpoint (stage base) first: add base to mini_repro.stages"
+                )
+            print(f"mini_repro: {stage} ... (log: {out / (stage + '.log')})", flush=True)
+            seconds = _run_stage(stage, runs, out, list(m.overrides))
+            print(f"mini_repro: {stage} done in {seconds:.0f}s", flush=True)
+        if stage in CHECKPOINT_STAGES:
+            ckpt = _stage_checkpoint(stage_dir)
+            if ckpt is None:
+                raise StageFailed(f"stage {stage} finished without a checkpoint under {stage_dir}")
+            checkpoints[stage] = ckpt
+    total = time.monotonic() - started
+    print(f"mini_repro: all stages done in {total:.0f}s; output in {out}", flush=True)
+    results = out / "eval" / "eval" / "results.json"
+    if results.is_file():
+        overall = json.loads(results.read_text())["overall"]
+        return float(list(overall.values())[-1]) if overall else None
+    return None
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (over tasks)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _stage_label(out: Path, key: str) -> str:
+    for stage in CHECKPOINT_STAGES:
+        if str(out / stage) in key:
+            return stage
+    return key
+
+
+def summary_table(out: Path) -> str:
+    """``mini_repro.md``: pass@1 (95% Wilson interval over tasks) per checkpoint × harness, tool
+    calls on co-solved cells, rows per attempt, ``train/ratio``, signal accounting, wall time."""
+    lines: list[str] = []
+    results_path = out / "eval" / "eval" / "results.json"
+    if results_path.is_file():
+        r = json.loads(results_path.read_text())
+        harnesses, n = r["harnesses"], r["tasks"]
+        lines += [
+            f"pass@1 on {n} held-out eval tasks per harness (95% Wilson interval over tasks):",
+            "",
+            "| checkpoint | " + " | ".join(harnesses) + " | all |",
+            "|---" * (len(harnesses) + 2) + "|",
+        ]
+        for key in r["checkpoints"]:
+            cells = []
+            for h in harnesses:
+                solved = r["cells"][key][h]["solved"]
+                lo, hi = wilson(solved, n)
+                cells.append(f"{solved / n:.2f} [{lo:.2f}, {hi:.2f}]" if n else "-")
+            total = sum(r["cells"][key][h]["solved"] for h in harnesses)
+            lo, hi = wilson(total, n * len(harnesses))
+            all_cell = f"{r['overall'][key]:.2f} [{lo:.2f}, {hi:.2f}]"
+            lines.append(f"| {_stage_label(out, key)} | " + " | ".join(cells) + f" | {all_cell} |")
+        lines += ["", "Tool calls on co-solved cells (against the base):", ""]
+        for pair, detail in r.get("co_solved", {}).items():
+            a, b = pair.split(" vs ")
+            red = detail.get("reduction")
+            lines.append(
+                f"- {_stage_label(out, a)} vs base: {detail['cells']} cells, "
+                f"{detail['mean_tool_calls_base']} → {detail['mean_tool_calls']} tool calls"
+                + (f" ({-red * 100:+.0f}%)" if red is not None else "")
+            )
+        lines += ["", "Prompt tokens of an attempt's first call, per harness (eval, base):", ""]
+        attempts = _jsonl(out / "eval" / "eval" / "attempts.jsonl")
+        first = r["checkpoints"][0] if r["checkpoints"] else None
+        for h in harnesses:
+            mine = [a for a in attempts if a.get("harness") == h and a.get("checkpoint") == first]
+            per_call = [a["prompt_tokens"] / a["model_calls"] for a in mine if a.get("model_calls")]
+            if per_call:
+                lines.append(f"- {h}: {statistics.median(per_call):.0f} prompt tokens per call (median)")
+    for stage in ("rl_one", "rl_mix"):
+        metrics = _jsonl(out / stage / "metrics.jsonl")
+        attempts = _jsonl(out / stage / "attempts.jsonl")
+        if not metrics and not attempts:
+            continue
+        lines += ["", f"{stage}:", ""]
+        steps = [m for m in metrics if "train/ratio" in m]
+        if steps:
+            ratios = [m["train/ratio"] for m in steps]
+            rewards = [m.get("reward/mean") for m in steps if m.get("reward/mean") is not None]
+            lines.append(
+                f"- {len(steps)} steps; train/ratio {min(ratios):.5f}–{max(ratios):.5f}; reward/mean per step: "
+                + ", ".join(f"{x:.2f}" for x in rewards)
+            )
+        rows: dict[str, list[float]] = defaultdict(list)
+        for a in attempts:
+            rows[a["harness"]].append(float(a.get("metrics", {}).get("rows", 0.0)))
+        if rows:
+            lines.append(
+                "- rows per attempt: "
+                + ", ".join(f"{h} {statistics.fmean(v):.2f}" for h, v in sorted(rows.items()))
+            )
+        summary = out / stage / "summary.json"
+        if summary.is_file():
+            s = json.loads(summary.read_text())
+            lines.append(
+                f"- groups by signal: {s.get('groups_by_signal')}; groups without signal: "
+                f"{s.get('groups_without_signal')} of {s.get('groups')}"
+            )
+    times = []
+    for stage in STAGES:
+        done = out / stage / DONE
+        if done.is_file():
+            times.append(f"{stage} {json.loads(done.read_text())['seconds']:.0f}s")
+    if times:
+        lines += ["", "Wall time per stage: " + ", ".join(times)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, m: MiniReproSpec) -> Path:
+    (out / "mini_repro.md").write_text(summary_table(out), encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "fineenvs.report", str(out)], check=False)
+    return out / "report"

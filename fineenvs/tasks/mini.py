@@ -1,0 +1,187 @@
+"""The mini task set: three CSV question templates a tiny model can learn, with held-out splits.
+
+The learning mini-reproduction (``+experiment=mini_repro``) needs tasks that a tiny student can
+solve after a short warm start and that test generalisation, not memorisation. Every task is one
+small CSV file and one question from three templates:
+
+- ``rows``: "How many data rows does <file> have?"
+- ``sum``: "What is the sum of the <column> column (column <n>) in <file>?"
+- ``max``: "What is the largest value in the <column> column (column <n>) of <file>?"
+
+Splits share the templates and nothing else: file names, column names and every value are drawn
+from disjoint pools per split (train, test, eval), so an answer, a file or a column seen in
+training never appears in evaluation. Gold answers are integers computed from the generated rows
+(``tests/tasks/test_mini.py`` recomputes them from the CSV text). Generation is pure; the set is
+generated once into the cache like the demo set, under ``tasks=mini``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fineenvs.tasks.harbor import write_harbor_task
+from fineenvs.tasks.rows import build_instruction
+
+MINI_SEED = 20261201
+MINI_VERSION = 1
+MANIFEST = "manifest.json"
+TEMPLATES = ("rows", "sum", "max")
+SPLIT_SIZES = {"train": 72, "test": 24, "eval": 36}
+
+# Disjoint per split: what the student sees in training is never what it is evaluated on.
+_STEMS = {
+    "train": "orders trips plants books cars songs games birds boats cakes coins dogs farms films hills lamps".split(),
+    "test": "maps pens rocks shoes tools trees".split(),
+    "eval": "vans wines clocks ships bikes kites ropes tents".split(),
+}
+_COLUMNS = {
+    "train": "price weight score height width depth speed count age size rank level".split(),
+    "test": "power value cost length".split(),
+    "eval": "volume rating budget distance mass grade".split(),
+}
+# Values and row counts per split come from disjoint ranges, so that no held-out answer (a count,
+# a sum or a maximum) is ever a training answer.
+_VALUE_RANGES = {"train": (1, 20), "test": (100, 199), "eval": (200, 299)}
+_ROW_COUNTS = {"train": (3, 7), "test": (8, 9), "eval": (10, 12)}
+
+
+@dataclass(frozen=True)
+class MiniSpec:
+    task_id: str
+    template: str
+    file: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[int, ...], ...]
+    column_index: int  # 1-based CSV column the question is about (0 for ``rows``)
+    question: str
+    gold: str
+
+    def csv_bytes(self) -> bytes:
+        lines = [",".join(self.columns)] + [",".join(str(v) for v in r) for r in self.rows]
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _gold(template: str, rows: tuple[tuple[int, ...], ...], index: int) -> str:
+    if template == "rows":
+        return str(len(rows))
+    values = [r[index - 1] for r in rows]
+    return str(sum(values) if template == "sum" else max(values))
+
+
+def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
+    """The tasks of one split (a pure function of split and seed), templates in rotation."""
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"unknown mini split {split!r}; choose one of {sorted(SPLIT_SIZES)}")
+    rng = random.Random(f"fineenvs-mini-{MINI_VERSION}-{seed}-{split}")
+    lo, hi = _VALUE_RANGES[split]
+    specs: list[MiniSpec] = []
+    seen: set[tuple[str, str, int]] = set()
+    while len(specs) < SPLIT_SIZES[split]:
+        template = TEMPLATES[len(specs) % len(TEMPLATES)]
+        stem = rng.choice(_STEMS[split])
+        names = ["id", *rng.sample(_COLUMNS[split], 3)]
+        index = rng.randint(2, 4)
+        key = (stem, names[index - 1], index)
+        if template != "rows" and key in seen:
+            continue
+        seen.add(key)
+        n_rows = rng.randint(*_ROW_COUNTS[split])
+        rows = tuple(tuple([i + 1] + [rng.randint(lo, hi) for _ in range(3)]) for i in range(n_rows))
+        file = f"{stem}.csv"
+        column = names[index - 1]
+        if template == "rows":
+            question, index = f"How many data rows does {file} have?", 0
+        elif template == "sum":
+            question = f"What is the sum of the {column} column (column {index}) in {file}?"
+        else:
+            question = f"What is the largest value in the {column} column (column {index}) of {file}?"
+        specs.append(
+            MiniSpec(
+                task_id=f"mini-{split}-{len(specs):03d}-{template}",
+                template=template,
+                file=file,
+                columns=tuple(names),
+                rows=rows,
+                column_index=index,
+                question=question,
+                gold=_gold(template, rows, index),
+            )
+        )
+    return specs
+
+
+def generate_mini(out_dir: Path, seed: int = MINI_SEED) -> Path:
+    """Write every split under ``out_dir/<split>/tasks/<task_id>/`` (Harbor layout) + manifest."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} is not empty; generate the mini set into a new directory")
+    for split in SPLIT_SIZES:
+        for spec in split_specs(split, seed):
+            metadata: dict[str, Any] = {
+                "task_id": spec.task_id,
+                "difficulty_tier": "easy",
+                "difficulty_level": 1,
+                "category": "data-analysis",
+                "question": spec.question,
+                "answer": spec.gold,
+                "answer_type": "number",
+                "reward_mode": "auto",
+                "atol": 0.0,
+                "rtol": 0.0,
+                "files": [spec.file],
+                "template": spec.template,
+                "params": json.dumps({"column_index": spec.column_index}, sort_keys=True),
+                "mini_seed": seed,
+                "mini_version": MINI_VERSION,
+            }
+            write_harbor_task(
+                out_dir / split,
+                task_id=spec.task_id,
+                instruction=build_instruction(spec.question, [spec.file], "number"),
+                metadata=metadata,
+                inputs={spec.file: spec.csv_bytes()},
+            )
+    digests = {
+        p.relative_to(out_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out_dir.rglob("*"))
+        if p.is_file()
+    }
+    manifest = {"seed": seed, "version": MINI_VERSION, "files": digests}
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return out_dir
+
+
+def mini_root(seed: int = MINI_SEED) -> Path:
+    from fineenvs.paths import cache_dir
+
+    return cache_dir() / "tasks" / f"mini-v{MINI_VERSION}-seed{seed}"
+
+
+def ensure_mini(seed: int = MINI_SEED, root: Path | None = None) -> Path:
+    """The mini set's directory, generated first (atomically, like the demo set) if missing."""
+    target = Path(root) if root is not None else mini_root(seed)
+    if (target / MANIFEST).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        generate_mini(staging / "set", seed)
+        if not (target / MANIFEST).is_file():
+            if target.exists():
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.rename(staging / "set", target)
+            except OSError:
+                if not (target / MANIFEST).is_file():
+                    raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

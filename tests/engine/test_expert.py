@@ -1,0 +1,96 @@
+"""The scripted expert (the mini-reproduction's teacher): its replies parse as the model's own
+tool calls, follow each harness's way of ending a task, and come out of the real server path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from fineenvs.engine.expert import DONE_TEXT, SUBMIT, expert_reply, render_tool_call, solution_command
+from fineenvs.engine.server import create_engine_app
+from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, parse_tool_calls
+
+QUESTION = (
+    "What is the sum of the mass column (column 3) in wines.csv?\n\nData files in your working directory: "
+    "wines.csv.\nWrite only the final answer (a single number) to answer.txt in your working directory.\n"
+)
+BASH = [{"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]  # fmt: skip
+CODEX = [{"type": "function", "function": {"name": "exec_command", "parameters": {
+    "type": "object", "properties": {"cmd": {"type": "string"}, "workdir": {"type": "string"}},
+    "required": ["cmd"]}}}]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", TOOL_CALL_FORMATS)
+def test_rendered_calls_parse_back_in_every_format(fmt: Any) -> None:
+    command = solution_command([{"role": "user", "content": QUESTION}])
+    assert command == "awk -F, 'NR>1{s+=$3}END{print s}' *.csv > answer.txt"
+    parsed = parse_tool_calls(render_tool_call(fmt, "bash", {"command": command}), fmt, BASH)
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["bash"]
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"command": command}
+
+
+def _call(reply: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    parsed = parse_tool_calls(reply, "hermes", tools)
+    assert len(parsed.tool_calls) == 1, reply
+    call = parsed.tool_calls[0]
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def test_mini_swe_agent_flow_solves_then_submits_then_stops() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You can interact with a computer."},
+        {"role": "user", "content": f"Please solve this issue: {QUESTION}\nFinish with `echo {SUBMIT}`."},
+    ]
+    first = _call(expert_reply(messages, BASH, "hermes"), BASH)
+    assert "awk" in first["tool_calls"][0]["function"]["arguments"]
+    messages += [first, {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "0"}]
+    second = _call(expert_reply(messages, BASH, "hermes"), BASH)
+    assert json.loads(second["tool_calls"][0]["function"]["arguments"]) == {"command": f"echo {SUBMIT}"}
+    messages += [second, {"role": "tool", "tool_call_id": "x", "content": ""}]
+    assert expert_reply(messages, BASH, "hermes") == DONE_TEXT
+
+
+def test_other_harnesses_end_with_a_message_and_codex_gets_its_cmd_argument() -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}]
+    first = _call(expert_reply(messages, CODEX, "hermes"), CODEX)
+    assert first["tool_calls"][0]["function"]["name"] == "exec_command"
+    assert "cmd" in json.loads(first["tool_calls"][0]["function"]["arguments"])
+    messages += [first, {"role": "tool", "tool_call_id": "x", "content": "0"}]
+    assert expert_reply(messages, CODEX, "hermes") == DONE_TEXT
+    assert (
+        expert_reply([{"role": "user", "content": "Write a title for this chat"}], BASH, "hermes")
+        != DONE_TEXT
+    )
+
+
+def test_expert_policy_serves_through_the_engine_path(tiny_qwen_dir: Path) -> None:
+    """Forced through normal decoding: token ids decode to the reply, the model's parser finds the
+    call, logprobs are the served model's (finite, <= 0), one per token."""
+    app = create_engine_app(tiny_qwen_dir, served_model_name="teacher", policy="expert")
+    with TestClient(app) as client:
+        body = {
+            "messages": [{"role": "user", "content": QUESTION}],
+            "tools": BASH,
+            "logprobs": True,
+            "return_token_ids": True,
+            "max_tokens": 200,
+        }
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        args = json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+        assert args == {"command": solution_command(body["messages"])}
+        ids = choice["token_ids"]
+        lps = [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert len(lps) == len(ids) and all(math.isfinite(x) and x <= 0 for x in lps)
+        assert out["prompt_token_ids"] and len(out["prompt_token_ids"]) == out["usage"]["prompt_tokens"]
+    with pytest.raises(ValueError, match="policy"):
+        create_engine_app(tiny_qwen_dir, served_model_name="x", policy="oracle")

@@ -1,0 +1,88 @@
+"""The mini-reproduction's stages compose into valid runs of the real jobs (no run is started)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from fineenvs.config import (
+    ConfigError,
+    EngineKind,
+    GRPOSpec,
+    Job,
+    ModelSource,
+    RunConfig,
+    SFTSpec,
+    to_run_config,
+)
+from fineenvs.mini_repro import STAGES, stage_commands, summary_table, wilson
+from fineenvs.paths import CONF_DIR
+
+
+def _load(*overrides: str) -> RunConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=mini_repro", *overrides])
+    return to_run_config(cfg)
+
+
+def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
+    run = _load(f"output_dir={tmp_path}")
+    assert run.job is Job.mini_repro and list(run.harness) == run.mini_repro.harnesses
+    base = tmp_path / "base" / "checkpoints" / "step-9"
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
+    commands = stage_commands(run.mini_repro, tmp_path, ckpts)
+    assert set(commands) == set(STAGES) - {"report"}
+    runs = {
+        name: [_load(*o, f"output_dir={tmp_path / name}") for o in overrides]
+        for name, overrides in commands.items()
+    }
+    teacher = runs["teacher"]
+    assert [t.job for t in teacher] == [Job.collect_teacher] * 2
+    assert all(t.engine.policy == "expert" and t.engine.kind is EngineKind.transformers for t in teacher)
+    assert list(teacher[0].harness) == ["mini_swe_agent"] and list(teacher[1].harness) == ["pi", "opencode"]
+    assert teacher[0].tasks.name == "mini" and teacher[0].tasks.split == "train"
+    (b,) = runs["base"]
+    assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
+    assert list(b.harness) == ["mini_swe_agent"] and b.trainer.teacher_dir == str(tmp_path / "teacher")
+    for name, harnesses in (("rl_one", ["mini_swe_agent"]), ("rl_mix", ["mini_swe_agent", "pi", "opencode"])):
+        (r,) = runs[name]
+        assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
+        assert r.model.source is ModelSource.local and r.model.path == str(base)
+        assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
+        assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0
+        assert r.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1}
+    (s,) = runs["sft_mix"]
+    assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks
+    (e,) = runs["eval"]
+    assert e.job is Job.eval and e.eval.checkpoints == [str(p) for p in ckpts.values()]
+    assert e.eval.split == "eval" and len(e.harness) == 3
+
+
+def test_the_expert_never_trains() -> None:
+    with pytest.raises(ConfigError, match="engine.policy=expert"):
+        _load("job=rl", "engine.policy=expert")
+
+
+def test_wilson_interval_and_table(tmp_path: Path) -> None:
+    lo, hi = wilson(9, 18)
+    assert 0.29 < lo < 0.30 and 0.70 < hi < 0.71  # the textbook value for 9/18
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+    keys = [str(tmp_path / "base" / "ck"), str(tmp_path / "rl_one" / "ck")]
+    cell = {"solved": 3, "tasks": 6}
+    results = {
+        "harnesses": ["pi"],
+        "tasks": 6,
+        "checkpoints": keys,
+        "cells": {keys[0]: {"pi": cell}, keys[1]: {"pi": {"solved": 6, "tasks": 6}}},
+        "overall": {keys[0]: 0.5, keys[1]: 1.0},
+        "co_solved": {f"{keys[1]} vs {keys[0]}": {"cells": 3, "mean_tool_calls_base": 2.0,
+                                                   "mean_tool_calls": 1.0, "reduction": 0.5}},
+    }  # fmt: skip
+    (tmp_path / "eval" / "eval").mkdir(parents=True)
+    (tmp_path / "eval" / "eval" / "results.json").write_text(json.dumps(results))
+    table = summary_table(tmp_path)
+    assert "| base | 0.50 [0.19, 0.81] | 0.50 [0.19, 0.81] |" in table
+    assert "| rl_one | 1.00 [0.61, 1.00]" in table and "(-50%)" in table

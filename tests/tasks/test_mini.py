@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+from pathlib import Path
+
+from fineenvs.engine.expert import solution_command
+from fineenvs.tasks import grade_workdir, load_tasks, materialize_inputs
+from fineenvs.tasks.mini import SPLIT_SIZES, generate_mini, split_specs
+
+
+def _recompute(spec_csv: str, question: str) -> str:
+    rows = list(csv.reader(io.StringIO(spec_csv)))
+    header, data = rows[0], rows[1:]
+    if question.startswith("How many"):
+        return str(len(data))
+    column = question.split(" column ")[0].split()[-1]
+    values = [int(r[header.index(column)]) for r in data]
+    return str(sum(values) if "sum" in question else max(values))
+
+
+def test_splits_share_templates_but_no_files_columns_or_answers() -> None:
+    specs = {split: split_specs(split) for split in SPLIT_SIZES}
+    assert {s: len(v) for s, v in specs.items()} == SPLIT_SIZES
+    for split, items in specs.items():
+        assert {s.template for s in items} == {"rows", "sum", "max"}, split
+    train, held_out = specs["train"], specs["eval"] + specs["test"]
+    assert not {s.file for s in train} & {s.file for s in held_out}
+    assert not {c for s in train for c in s.columns[1:]} & {c for s in held_out for c in s.columns[1:]}
+    for template in ("rows", "sum", "max"):  # no held-out answer is a training answer of its template
+        seen = {s.gold for s in train if s.template == template}
+        assert not seen & {s.gold for s in held_out if s.template == template}, template
+    for s in train + held_out:
+        assert _recompute(s.csv_bytes().decode(), s.question) == s.gold, s.task_id
+
+
+def test_generation_is_pure(tmp_path: Path) -> None:
+    a, b = generate_mini(tmp_path / "a"), generate_mini(tmp_path / "b")
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def test_the_experts_command_solves_every_task_and_is_graded_correct(tmp_path: Path) -> None:
+    """The teacher's command, run by a real shell on the task's own files, gives the gold answer,
+    which the grader accepts; an answer off by one is refused (the grader really checks)."""
+    root = generate_mini(tmp_path / "set")
+    tasks = load_tasks("mini", split="eval", path=root)[:9]
+    assert {t.metadata["template"] for t in tasks} == {"rows", "sum", "max"}
+    for task in tasks:
+        work = tmp_path / task.task_id
+        materialize_inputs(task, work)
+        command = solution_command([{"role": "user", "content": task.instruction}])
+        assert command is not None, task.instruction
+        subprocess.run(["bash", "-c", command], cwd=work, check=True, timeout=30)
+        grade = grade_workdir(task, work)
+        assert grade.score == 1.0, (task.task_id, grade)
+        answer = int((work / "answer.txt").read_text())
+        (work / "answer.txt").write_text(f"{answer + 1}\n")
+        assert grade_workdir(task, work).score == 0.0
