@@ -375,7 +375,9 @@ class MiniReproSpec:
     eval_tasks: int | None = 18
     """Held-out eval-split tasks per harness in the final matrix (None: all 36)."""
     eval_every: int = 4
-    """RL steps between in-training evaluations (pass@1 over steps)."""
+    """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
+    eval_tasks_during_training: int = 12
+    """Held-out tasks per harness in each in-training evaluation."""
     overrides: list[str] = field(default_factory=list)
     """Extra Hydra overrides given to every stage (e.g. ``[sampling.temperature=1.0]``)."""
 

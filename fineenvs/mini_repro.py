@@ -58,7 +58,7 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"trainer.learning_rate={m.rl_learning_rate}",
         f"trainer.save_steps={m.eval_every}",
         f"trainer.eval_steps={m.eval_every}",
-        f"eval.subset_during_training={m.eval_tasks if m.eval_tasks is not None else 'null'}",
+        f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
         "trainer.per_device_batch_size=4",
         "trainer.gradient_accumulation_steps=2",

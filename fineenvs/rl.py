@@ -17,6 +17,7 @@ run aborts after ``max_consecutive_empty_groups`` groups in a row without traina
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import statistics
@@ -370,64 +371,67 @@ async def _run_rl(run: RunConfig) -> float:
         )
         display = ProgressDisplay(t.max_steps, started)
         try:
-            async for group in scheduler.groups():
-                _write_attempts(out / "attempts.jsonl", group)
-                batch = admission.offer(group, trainer.policy_version)
-                if batch is None:
-                    continue
-                pending = _stamp_rows(batch, t.scale_rewards)
-                metrics = await asyncio.to_thread(lock.call, "step", pending)
-                stats.steps = trainer.global_step
-                stats.rows_trained += len(pending)
-                stats.last_ratio = metrics.get("train/ratio")
-                for g in batch:
-                    state.mark(g.planned.group_id, "trained")
-                pushed_now = False
-                if pushing and stats.steps % t.weight_sync_interval == 0:
-                    await asyncio.to_thread(push_weights, engine.weight_sync)
-                    stats.weight_pushes += 1
-                    pushed_now = True
-                metrics.update(group_metrics(batch))
-                metrics.update(
-                    advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch})
-                )
-                metrics.update(
-                    {
-                        "rollout/groups_stale_dropped": float(stats.stale_dropped),
-                        "rollout/groups_no_signal": float(stats.no_signal),  # all so far
-                        "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
-                        "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
-                        "rollout/groups_empty": float(stats.empty_groups),
-                        "rollout/inflight": float(scheduler.inflight),
-                        "train/policy_version": float(trainer.policy_version),
-                    }
-                )
-                logger.log(metrics, step=stats.steps)
-                display.update(stats, metrics, scheduler.inflight)
-                if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
-                    ckpt = ckpt_root / f"step-{stats.steps}"
-                    await asyncio.to_thread(lock.call, "save_checkpoint", ckpt)
-                    state.save(ckpt / "rollout_state.json")
-                    (ckpt / "COMPLETE").write_text("ok\n")
-                    state.save(state_path)
-                    if stats.steps % t.eval_steps == 0:
-                        if pushing and not pushed_now:
-                            # The evaluation must see this checkpoint's weights, not the last pushed ones.
-                            await asyncio.to_thread(push_weights, engine.weight_sync)
-                            stats.weight_pushes += 1
-                        from fineenvs.eval import aevaluate_checkpoint
+            # aclosing: leaving the loop (max_steps, an error) stops the scheduler right here, while
+            # engine and proxy still run, instead of at interpreter shutdown with attempts in flight.
+            async with contextlib.aclosing(scheduler.groups()) as finished:
+                async for group in finished:
+                    _write_attempts(out / "attempts.jsonl", group)
+                    batch = admission.offer(group, trainer.policy_version)
+                    if batch is None:
+                        continue
+                    pending = _stamp_rows(batch, t.scale_rewards)
+                    metrics = await asyncio.to_thread(lock.call, "step", pending)
+                    stats.steps = trainer.global_step
+                    stats.rows_trained += len(pending)
+                    stats.last_ratio = metrics.get("train/ratio")
+                    for g in batch:
+                        state.mark(g.planned.group_id, "trained")
+                    pushed_now = False
+                    if pushing and stats.steps % t.weight_sync_interval == 0:
+                        await asyncio.to_thread(push_weights, engine.weight_sync)
+                        stats.weight_pushes += 1
+                        pushed_now = True
+                    metrics.update(group_metrics(batch))
+                    metrics.update(
+                        advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch})
+                    )
+                    metrics.update(
+                        {
+                            "rollout/groups_stale_dropped": float(stats.stale_dropped),
+                            "rollout/groups_no_signal": float(stats.no_signal),  # all so far
+                            "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
+                            "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
+                            "rollout/groups_empty": float(stats.empty_groups),
+                            "rollout/inflight": float(scheduler.inflight),
+                            "train/policy_version": float(trainer.policy_version),
+                        }
+                    )
+                    logger.log(metrics, step=stats.steps)
+                    display.update(stats, metrics, scheduler.inflight)
+                    if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
+                        ckpt = ckpt_root / f"step-{stats.steps}"
+                        await asyncio.to_thread(lock.call, "save_checkpoint", ckpt)
+                        state.save(ckpt / "rollout_state.json")
+                        (ckpt / "COMPLETE").write_text("ok\n")
+                        state.save(state_path)
+                        if stats.steps % t.eval_steps == 0:
+                            if pushing and not pushed_now:
+                                # The evaluation must see this checkpoint's weights, not the last pushed ones.
+                                await asyncio.to_thread(push_weights, engine.weight_sync)
+                                stats.weight_pushes += 1
+                            from fineenvs.eval import aevaluate_checkpoint
 
-                        await aevaluate_checkpoint(
-                            run,
-                            ckpt,
-                            stats.steps,
-                            engine_url=engine.url,
-                            proxy_url=proxy_url,
-                            served_model=engine.served_model_name,
-                            logger=logger,
-                        )
-                if stats.steps >= t.max_steps:
-                    break
+                            await aevaluate_checkpoint(
+                                run,
+                                ckpt,
+                                stats.steps,
+                                engine_url=engine.url,
+                                proxy_url=proxy_url,
+                                served_model=engine.served_model_name,
+                                logger=logger,
+                            )
+                    if stats.steps >= t.max_steps:
+                        break
         finally:
             display.close()
             state.save(state_path)

@@ -11,6 +11,7 @@ files from any path it is given, so it must not face an untrusted network.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -81,6 +82,14 @@ def resolve_model(model: str, seed: int = 0) -> Path:
     return path
 
 
+def _is_tiny(model_dir: Path) -> bool:
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config.get("fineenvs"), dict) and "tiny_model" in config["fineenvs"]
+
+
 def _hydra_style(argv: list[str]) -> list[str]:
     """Accept ``model=tiny_qwen max_queue=8`` next to ``--model tiny_qwen --max-queue 8``."""
     out: list[str] = []
@@ -113,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     from fineenvs.models import TINY_MODELS
 
     # A tiny model's ops are too small to split: extra intra-op threads only spin, and on a
-    # shared 2-core machine they made decoding ~10x slower (12 vs 120 tokens/s measured).
-    threads = args.threads or (1 if args.model in TINY_MODELS else None)
+    # shared 2-core machine they made decoding ~10x slower (12 vs 120 tokens/s measured). A
+    # checkpoint trained from a tiny model (SFT, RL) is just as small: its config says so.
+    threads = args.threads or (1 if args.model in TINY_MODELS or _is_tiny(model_dir) else None)
     if threads:
         torch.set_num_threads(threads)
     name = args.served_model_name or args.model

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -156,7 +156,7 @@ class RolloutScheduler:
     def pending(self) -> list[PlannedGroup]:
         return [g for g in self.schedule if g.group_id not in self.skip]
 
-    async def groups(self) -> AsyncIterator[GroupOutcome]:
+    async def groups(self) -> AsyncGenerator[GroupOutcome, None]:
         """Yield finished groups (in completion order) until the schedule is exhausted."""
         producer = asyncio.create_task(self._produce())
         try:
@@ -204,15 +204,26 @@ class RolloutScheduler:
             outcomes = list(await asyncio.gather(*started))
             await self._ready.put(GroupOutcome(group, outcomes))
 
+        attempt_tasks: list[asyncio.Task[AttemptOutcome]] = []
         try:
             for group in self.pending:
                 started = []
                 for index in range(len(group.attempt_ids)):
                     await slots.acquire()
                     started.append(asyncio.create_task(one_attempt(group, index)))
+                    attempt_tasks.append(started[-1])
                 group_tasks.append(asyncio.create_task(run_group(group, started)))
             await asyncio.gather(*group_tasks)
-        finally:
-            for t in group_tasks:
+        except BaseException:
+            # Stopped (the consumer left, Ctrl-C): cancel what runs and wait for it to wind down,
+            # so no attempt outlives the scheduler. The end marker is best effort: nobody may be
+            # reading, and a full queue must not hang the shutdown.
+            for t in (*attempt_tasks, *group_tasks):
                 t.cancel()
-            await self._ready.put(None)
+            await asyncio.gather(*attempt_tasks, *group_tasks, return_exceptions=True)
+            try:
+                self._ready.put_nowait(None)
+            except asyncio.QueueFull:
+                pass
+            raise
+        await self._ready.put(None)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -129,3 +130,45 @@ def test_resume_refuses_other_schedule(tmp_path: Path) -> None:
     RolloutState("a" * 64).save(path)
     with pytest.raises(ScheduleMismatch, match="different schedule"):
         RolloutState.load_or_new(path, "b" * 64)
+
+
+def test_leaving_early_stops_every_attempt_even_with_a_full_ready_queue() -> None:
+    """An RL run stops at max_steps with attempts in flight and finished groups queued: closing the
+    stream must cancel the attempts and return at once (it used to hang at interpreter shutdown,
+    the producer blocked putting its end marker into a full queue)."""
+    schedule = build_schedule(TASKS, MIX, group_size=2, passes=50)
+    running: set[str] = set()
+    cancelled: list[str] = []
+
+    class Slow(FakeRunner):
+        async def __call__(
+            self, group: PlannedGroup, attempt_index: int, policy_version: int
+        ) -> AttemptOutcome:
+            key = f"{group.group_id}-{attempt_index}"
+            running.add(key)
+            try:
+                if len(self.calls) > 8:
+                    await asyncio.sleep(3600)  # an agent still thinking when the run stops
+                return await super().__call__(group, attempt_index, policy_version)
+            except asyncio.CancelledError:
+                cancelled.append(key)
+                raise
+            finally:
+                running.discard(key)
+
+    async def main() -> int:
+        sched = RolloutScheduler(
+            schedule, Slow(delay=0.0), max_inflight=4, policy_version=lambda: 0, max_ready_groups=1
+        )
+        seen = 0
+        async with contextlib.aclosing(sched.groups()) as groups:
+            async for _ in groups:
+                seen += 1
+                await asyncio.sleep(0.05)  # let the queue fill while the consumer works
+                if seen == 2:
+                    break
+        # Checked here, not after asyncio.run's own clean-up: the stream itself must stop them.
+        assert cancelled and not running, "every in-flight attempt was cancelled and has wound down"
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=10)) == 2
