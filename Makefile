@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help setup smoke test test-slow test-harness test-vllm test-gpu check bench
+.PHONY: help setup smoke test test-slow test-harness test-vllm test-gpu test-learning check bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -12,6 +12,7 @@ help:
 	@echo "make test-harness real agent CLIs end to end through the proxy"
 	@echo "make test-vllm    vLLM 0.33's own parser, protocol models and NCCL trainer engine (CPU)"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
+	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (~30 min)"
 	@echo "make check        ruff + mypy"
 	@echo "make bench        engine, proxy and tree benchmarks"
 
@@ -37,6 +38,9 @@ test-vllm: setup
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu
+
+test-learning: setup
+	$(PYTEST) -q -m learning
 
 check: setup
 	$(VENV)/bin/ruff check fineenvs tests

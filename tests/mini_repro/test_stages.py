@@ -61,9 +61,13 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert e.eval.split == "eval" and len(e.harness) == 3
 
 
-def test_the_expert_never_trains() -> None:
+def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
     with pytest.raises(ConfigError, match="engine.policy=expert"):
         _load("job=rl", "engine.policy=expert")
+    with pytest.raises(ConfigError, match="engine.policy is 'oracle'"):
+        _load("job=eval", "engine.policy=oracle")
+    with pytest.raises(ConfigError, match="max_rollouts_per_harness must be >= 1"):
+        _load("job=sft", "trainer=sft", "trainer.max_rollouts_per_harness=0")
 
 
 def test_wilson_interval_and_table(tmp_path: Path) -> None:
@@ -85,4 +89,4 @@ def test_wilson_interval_and_table(tmp_path: Path) -> None:
     (tmp_path / "eval" / "eval" / "results.json").write_text(json.dumps(results))
     table = summary_table(tmp_path)
     assert "| base | 0.50 [0.19, 0.81] | 0.50 [0.19, 0.81] |" in table
-    assert "| rl_one | 1.00 [0.61, 1.00]" in table and "(-50%)" in table
+    assert "| rl_one | 1.00 [0.61, 1.00]" in table and "2.00 → 1.00 tool calls (-50%)" in table
