@@ -259,6 +259,11 @@ class GRPOSpec:
     gradient_accumulation_steps: int = 4
     num_generations: int = 8
     """Attempts per GRPO group; must equal scheduler.group_size."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose graded rewards are all equal (no learning signal) are
+    counted and left out of the batch, so every optimizer step has signal. Off (published): such
+    groups train with advantage 0, and AdamW's momentum still moves the weights on a step whose
+    gradient is all zero."""
     loss_type: str = "dapo"
     epsilon: float = 0.2
     epsilon_high: float | None = None

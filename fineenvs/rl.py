@@ -100,6 +100,7 @@ class LoopStats:
     rows_trained: int = 0
     stale_dropped: int = 0
     no_signal: int = 0  # groups whose rows all train with advantage 0 (any reason below)
+    dropped_no_signal: int = 0  # of those, left out of the batch (trainer.dynamic_sampling)
     signal_kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     empty_groups: int = 0
     consecutive_empty: int = 0
@@ -178,8 +179,10 @@ class GroupAdmission:
 
     Stale groups (more than ``max_staleness`` policy versions behind) are dropped; groups with
     fewer than two graded attempts, or whose graded attempts produced no rows, are not trainable;
-    ``max_consecutive_empty`` such groups in a row abort the run. Trainable groups wait until
-    their rows reach ``rows_per_step``; ``offer`` then returns the whole batch of groups.
+    ``max_consecutive_empty`` such groups in a row abort the run. With ``drop_no_signal``
+    (``trainer.dynamic_sampling``) groups whose graded rewards are all equal are left out too.
+    Trainable groups wait until their rows reach ``rows_per_step``; ``offer`` then returns the
+    whole batch of groups.
     """
 
     def __init__(
@@ -190,7 +193,9 @@ class GroupAdmission:
         max_consecutive_empty: int,
         stats: LoopStats,
         state: RolloutState,
+        drop_no_signal: bool = False,
     ) -> None:
+        self.drop_no_signal = drop_no_signal
         self.max_staleness = max_staleness
         self.rows_per_step = rows_per_step
         self.max_consecutive_empty = max_consecutive_empty
@@ -228,6 +233,10 @@ class GroupAdmission:
                 )
             return None
         stats.consecutive_empty = 0
+        if self.drop_no_signal and kind != "signal":
+            stats.dropped_no_signal += 1
+            self.state.mark(gid, "no_signal")
+            return None
         self.pending.append(group)
         if sum(len(a.rows) for g in self.pending for a in g.graded) < self.rows_per_step:
             return None
@@ -368,6 +377,7 @@ async def _run_rl(run: RunConfig) -> float:
             max_consecutive_empty=s.max_consecutive_empty_groups,
             stats=stats,
             state=state,
+            drop_no_signal=t.dynamic_sampling,
         )
         display = ProgressDisplay(t.max_steps, started)
         try:
@@ -399,6 +409,7 @@ async def _run_rl(run: RunConfig) -> float:
                         {
                             "rollout/groups_stale_dropped": float(stats.stale_dropped),
                             "rollout/groups_no_signal": float(stats.no_signal),  # all so far
+                            "rollout/groups_dropped_no_signal": float(stats.dropped_no_signal),
                             "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
                             "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
                             "rollout/groups_empty": float(stats.empty_groups),
@@ -538,6 +549,7 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "stale_groups_dropped": stats.stale_dropped,
         "groups_without_signal": stats.no_signal,
         "groups_by_signal": dict(stats.signal_kinds),
+        "groups_dropped_without_signal": stats.dropped_no_signal,
         "groups_without_rows": stats.empty_groups,
         "weight_pushes": stats.weight_pushes,
         "attempt_exits": dict(stats.exit_reasons),

@@ -52,7 +52,7 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
         assert r.model.source is ModelSource.local and r.model.path == str(base)
         assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
-        assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0
+        assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0 and r.trainer.dynamic_sampling
         assert r.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1}
     (s,) = runs["sft_mix"]
     assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks

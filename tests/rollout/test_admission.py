@@ -158,3 +158,24 @@ def test_summary_says_why_a_tiny_models_reward_is_0() -> None:
     why = zero_reward_reason(run, stats)  # type: ignore[arg-type]
     assert why is not None and "randomly initialised" in why and "mini_repro" in why
     assert zero_reward_reason(run, LoopStats(rewards=[0.0, 1.0])) is None  # type: ignore[arg-type]
+
+
+def test_dynamic_sampling_leaves_groups_without_signal_out_of_the_batch() -> None:
+    """trainer.dynamic_sampling (DAPO): all-zero and all-correct groups are counted and dropped, so
+    every step's batch has signal; rows of signal groups still form the batch."""
+    adm = GroupAdmission(
+        max_staleness=4,
+        rows_per_step=4,
+        max_consecutive_empty=3,
+        stats=LoopStats(),
+        state=RolloutState("h"),
+        drop_no_signal=True,
+    )
+    for i in range(5):  # more no-signal groups in a row than max_consecutive_empty: no abort
+        assert adm.offer(_correct_group(i, [0.0, 0.0]), policy_version=0) is None
+    assert adm.offer(_correct_group(5, [1.0, 1.0]), policy_version=0) is None
+    assert adm.stats.dropped_no_signal == 6 and adm.state.counters["no_signal"] == 6
+    assert adm.offer(_correct_group(6, [1.0, 0.0]), policy_version=0) is None
+    batch = adm.offer(_correct_group(7, [0.0, 1.0]), policy_version=0)
+    assert batch is not None and [g.planned.group_id for g in batch] == ["g6", "g7"]
+    assert all(abs(r.advantage) > 0.5 for r in _stamp_rows(batch, "group"))
