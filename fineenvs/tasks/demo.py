@@ -246,7 +246,7 @@ def generate_demo(out_dir: Path, seed: int = DEMO_SEED) -> Path:
                     metadata=metadata,
                     inputs={name: files[name] for name in spec.files},
                 )
-    manifest = {"seed": seed, "version": DEMO_VERSION, "files": _digests(out_dir)}
+    manifest = {"seed": seed, "version": DEMO_VERSION, "files": file_digests(out_dir)}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return out_dir
 
@@ -289,7 +289,8 @@ def ensure_generated(target: Path, generate: Callable[[Path], Path]) -> Path:
     return target
 
 
-def _digests(root: Path) -> dict[str, str]:
+def file_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` but the manifest, by relative path (for the manifest)."""
     return {
         path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(root.rglob("*"))

@@ -17,14 +17,13 @@ generated once into the cache like the demo set, under ``tasks=mini``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fineenvs.tasks.demo import MANIFEST, ensure_generated
+from fineenvs.tasks.demo import MANIFEST, ensure_generated, file_digests
 from fineenvs.tasks.harbor import write_harbor_task
 from fineenvs.tasks.rows import build_instruction
 
@@ -146,12 +145,7 @@ def generate_mini(out_dir: Path, seed: int = MINI_SEED) -> Path:
                 metadata=metadata,
                 inputs={spec.file: spec.csv_bytes()},
             )
-    digests = {
-        p.relative_to(out_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(out_dir.rglob("*"))
-        if p.is_file()
-    }
-    manifest = {"seed": seed, "version": MINI_VERSION, "files": digests}
+    manifest = {"seed": seed, "version": MINI_VERSION, "files": file_digests(out_dir)}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return out_dir
 
