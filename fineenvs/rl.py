@@ -196,6 +196,8 @@ class GroupAdmission:
         drop_no_signal: bool = False,
     ) -> None:
         self.drop_no_signal = drop_no_signal
+        # Per harness, the groups left out since the last batch (logged with that step).
+        self.dropped: Counter[str] = Counter()
         self.max_staleness = max_staleness
         self.rows_per_step = rows_per_step
         self.max_consecutive_empty = max_consecutive_empty
@@ -235,6 +237,7 @@ class GroupAdmission:
         stats.consecutive_empty = 0
         if self.drop_no_signal and kind != "signal":
             stats.dropped_no_signal += 1
+            self.dropped[group.planned.harness] += 1
             self.state.mark(gid, "no_signal")
             return None
         self.pending.append(group)
@@ -402,6 +405,9 @@ async def _run_rl(run: RunConfig) -> float:
                         stats.weight_pushes += 1
                         pushed_now = True
                     metrics.update(group_metrics(batch))
+                    for h, n in admission.dropped.items():
+                        metrics[metric_key("rollout", "groups_dropped_no_signal", h)] = float(n)
+                    admission.dropped.clear()
                     metrics.update(
                         advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch})
                     )

@@ -175,6 +175,7 @@ def test_dynamic_sampling_leaves_groups_without_signal_out_of_the_batch() -> Non
         assert adm.offer(_correct_group(i, [0.0, 0.0]), policy_version=0) is None
     assert adm.offer(_correct_group(5, [1.0, 1.0]), policy_version=0) is None
     assert adm.stats.dropped_no_signal == 6 and adm.state.counters["no_signal"] == 6
+    assert adm.dropped == {"opencode": 6}  # logged per harness with the next step
     assert adm.offer(_correct_group(6, [1.0, 0.0]), policy_version=0) is None
     batch = adm.offer(_correct_group(7, [0.0, 1.0]), policy_version=0)
     assert batch is not None and [g.planned.group_id for g in batch] == ["g6", "g7"]
