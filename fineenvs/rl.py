@@ -585,6 +585,6 @@ def zero_reward_reason(run: RunConfig, stats: LoopStats) -> str | None:
             "advantage 0 (no learning signal); see the grader reasons in attempts.jsonl."
         )
     return (
-        cause
-        + " For a run whose reward and held-out pass@1 rise: +experiment=mini_repro (experiments/mini_repro/README.md)."
+        cause + " For the loop with real rewards (a student warm-started from a teacher's rollouts, then RL):"
+        " +experiment=mini_repro (experiments/mini_repro/README.md)."
     )
