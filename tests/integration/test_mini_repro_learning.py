@@ -1,4 +1,4 @@
-"""Learning, end to end: the reduced mini-reproduction raises reward and held-out pass@1.
+"""Learning, end to end: the reduced mini-reproduction must raise reward and held-out pass@1.
 
 The real loop on a 2-core CPU, nothing scripted around it: the scripted-expert teacher through
 the real Mini-SWE-Agent CLI and the capture proxy, SFT of a random tiny student on those rollouts
@@ -12,8 +12,8 @@ a pass@1 estimate p has a sampling standard deviation of sqrt(p(1 - p) / N) <= 0
 difference of two independent estimates has at most 0.5 * sqrt(2 / N) (0.12 at N = 36). The test
 asks for a rise of at least two such standard deviations (0.24 at N = 36), so an unchanged policy
 passes it by chance with probability < 3 % even in the worst case p = 0.5, and far less nearer the
-ends. RL here sharpens a base that samples the right command only part of the time (the measured
-rise is in experiments/mini_repro/README.md), which is why the rise is robust at this margin.
+ends. The rise is expected from RL sharpening a base that samples the right command only part
+of the time; it has not been measured yet (experiments/mini_repro/README.md), hence the marker.
 """
 
 from __future__ import annotations
