@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -161,7 +160,7 @@ def _run_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) ->
             ]
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
-            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ}, check=False)
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
             if done.returncode != 0:
                 tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
                 raise StageFailed(
