@@ -364,10 +364,13 @@ class MiniReproSpec:
     stages: list[str] = field(
         default_factory=lambda: ["teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report"]
     )
-    harnesses: list[str] = field(default_factory=lambda: ["mini_swe_agent", "pi", "opencode"])
+    harnesses: list[str] = field(default_factory=lambda: ["pi", "mini_swe_agent", "opencode"])
     """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
-    base_harness: str = "mini_swe_agent"
-    """The one harness whose teacher rollouts warm-start the student (the "base") and RL'd alone."""
+    base_harness: str = "pi"
+    """The one harness whose teacher rollouts warm-start the student (the "base") and RL'd alone.
+    Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
+    reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
+    learn which command a question asks for from that far back (experiments/mini_repro/)."""
     teacher_tasks: int | None = None
     """Training tasks the teacher attempts per harness (None: the whole train split)."""
     sft_mix_tasks: int | None = 24

@@ -76,6 +76,10 @@ def _sft_overrides(m: MiniReproSpec, harnesses: list[str], teacher: Path, epochs
         f"trainer.teacher_dir={teacher}",
         f"trainer.num_train_epochs={epochs}",
         f"trainer.learning_rate={m.sft_learning_rate}",
+        # Decayed, not constant: at a constant 3e-3 the last few batches decided which command the
+        # student wrote for every question (it flipped from tail to cut to awk between epochs).
+        "trainer.lr_scheduler_type=cosine",
+        "trainer.warmup_steps=10",
         "trainer.per_device_batch_size=1",
         "trainer.gradient_accumulation_steps=4",
         "trainer.max_length=32768",

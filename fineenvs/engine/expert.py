@@ -66,7 +66,9 @@ def solution_command(messages: list[dict[str, Any]]) -> str | None:
                 n = match.group(2)
                 if template == "sum":
                     return f"awk -F, 'NR>1{{s+=${n}}}END{{print s}}' *.csv > answer.txt"
-                return f"awk -F, 'NR>1&&${n}>m{{m=${n}}}END{{print m}}' *.csv > answer.txt"
+                # Not an awk variant of the sum command: the three commands differ from their first
+                # word, so that which one a question needs is one early choice for the student.
+                return f"cut -d, -f{n} *.csv | sort -n | tail -1 > answer.txt"
     return None
 
 

@@ -4,6 +4,14 @@ Layout of an attempt folder::
 
     attempt_dir/home/        HOME of the agent (its config files, logs, trajectories)
     attempt_dir/work/        working directory (task inputs copied in; answer.txt expected here)
+
+While the agent runs, its working directory is not ``attempt_dir/work`` but a neutral one,
+``<tmp>/fineenvs-work/<8 hex>``, moved to ``attempt_dir/work`` when the attempt ends. Agents put
+their working directory into the prompt (Pi, OpenCode, Claude Code, Codex, Gemini CLI): a path
+like ``runs/x/eval/checkpoints_step-108/attempts/t00002-pi-try0/work`` tells the model which job
+it is in (teacher collection, RL, evaluation) and differs between them. A tiny student trained on
+teacher rollouts wrote garbage under evaluation paths and sensible commands under training ones;
+every attempt now sees the same kind of path, as in a container's fixed working directory.
     attempt_dir/stdout.txt   agent stdout        attempt_dir/stderr.txt  agent stderr
     attempt_dir/attempt.json command line (task prompt included), env variable NAMES, result
 
@@ -41,6 +49,8 @@ from fineenvs.harnesses.base import Harness, Outputs
 ANSWER_FILE = "answer.txt"
 MARKER_ENV = "FINEENVS_ATTEMPT_ID"
 KILL_GRACE_SECONDS = 3.0
+
+WORK_ROOT_NAME = "fineenvs-work"
 
 EXIT_REASONS = ("finished", "timeout", "crashed", "budget_stop", "context_overflow", "wiring_failure")
 
@@ -163,6 +173,22 @@ def _keep_under_tmp() -> list[str]:
     return args
 
 
+def neutral_workdir() -> Path:
+    """A fresh, empty working directory whose path says nothing about the run (``<tmp>/fineenvs-work/<8 hex>``)."""
+    import secrets
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / WORK_ROOT_NAME
+    root.mkdir(mode=0o700, exist_ok=True)
+    while True:
+        path = root / secrets.token_hex(4)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
+
+
 def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
     from fineenvs.harnesses.netbridge import UnixToTcp
 
@@ -183,6 +209,7 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
         "--tmpfs", "/tmp",
         *_keep_under_tmp(),
         "--bind", str(attempt_dir), str(attempt_dir),
+        "--bind", str(workdir), str(workdir),
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
         "--chdir", str(workdir),
@@ -216,9 +243,51 @@ def run_attempt(
     """
     fmt = harness.check_format(api_format or harness.default_format)
     attempt_dir = attempt_dir.resolve()
-    home, workdir = attempt_dir / "home", attempt_dir / "work"
-    for d in (home, home / "tmp", workdir):
+    home, kept_workdir = attempt_dir / "home", attempt_dir / "work"
+    for d in (home, home / "tmp"):
         d.mkdir(parents=True, exist_ok=True)
+    if kept_workdir.exists():  # a rerun of this attempt starts from the task's inputs again
+        shutil.rmtree(kept_workdir)
+    workdir = neutral_workdir()
+    try:
+        return _run_in(
+            harness,
+            fmt,
+            task_prompt=task_prompt,
+            input_files=input_files,
+            attempt_dir=attempt_dir,
+            home=home,
+            workdir=workdir,
+            base_url=base_url,
+            session_key=session_key,
+            model=model,
+            timeout_seconds=timeout_seconds,
+            step_limit=step_limit,
+            use_bwrap=use_bwrap,
+            proxy_stats=proxy_stats,
+        )
+    finally:
+        if workdir.exists():
+            shutil.move(str(workdir), str(kept_workdir))
+
+
+def _run_in(
+    harness: Harness,
+    fmt: str,
+    *,
+    task_prompt: str,
+    input_files: Mapping[str, Path],
+    attempt_dir: Path,
+    home: Path,
+    workdir: Path,
+    base_url: str,
+    session_key: str,
+    model: str,
+    timeout_seconds: float,
+    step_limit: int | None,
+    use_bwrap: bool,
+    proxy_stats: Callable[[], ProxyStats | None] | None,
+) -> AttemptResult:
     for rel, src in input_files.items():
         dest = (workdir / rel).resolve()
         if workdir not in dest.parents:

@@ -2,11 +2,16 @@
 
 The learning mini-reproduction (``+experiment=mini_repro``) needs tasks that a tiny student can
 solve after a short warm start and that test generalisation, not memorisation. Every task is one
-small CSV file and one question from three templates:
+small CSV file (an ``id`` column and one value column) and one question from three templates:
 
 - ``rows``: "How many data rows does <file> have?"
 - ``sum``: "What is the sum of the <column> column (column <n>) in <file>?"
 - ``max``: "What is the largest value in the <column> column (column <n>) of <file>?"
+
+What the student has to learn is which command a question asks for (the three differ from their
+first word); the value column is always column 2. Version 1 put the asked-for column among three
+value columns, and a 4-layer student never learnt to copy its number from the question 2k tokens
+back: it wrote ``$3`` for every question, confidently, so RL had nothing to choose between.
 
 Splits share the templates and nothing else: file names, column names and every value are drawn
 from disjoint pools per split (train, test, eval), so an answer, a file or a column seen in
@@ -28,9 +33,10 @@ from fineenvs.tasks.harbor import write_harbor_task
 from fineenvs.tasks.rows import build_instruction
 
 MINI_SEED = 20261201
-MINI_VERSION = 1
+MINI_VERSION = 2
+VALUE_COLUMN = 2  # the CSV column every sum/max question is about
 TEMPLATES = ("rows", "sum", "max")
-SPLIT_SIZES = {"train": 72, "test": 24, "eval": 36}
+SPLIT_SIZES = {"train": 216, "test": 24, "eval": 36}
 
 # Disjoint per split: what the student sees in training is never what it is evaluated on.
 _STEMS = {
@@ -83,14 +89,14 @@ def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
     while len(specs) < SPLIT_SIZES[split]:
         template = TEMPLATES[len(specs) % len(TEMPLATES)]
         stem = rng.choice(_STEMS[split])
-        names = ["id", *rng.sample(_COLUMNS[split], 3)]
-        index = rng.randint(2, 4)
+        names = ["id", rng.choice(_COLUMNS[split])]
+        index = VALUE_COLUMN
         key = (stem, names[index - 1], index)
         if template != "rows" and key in seen:
             continue
         seen.add(key)
         n_rows = rng.randint(*_ROW_COUNTS[split])
-        rows = tuple(tuple([i + 1] + [rng.randint(lo, hi) for _ in range(3)]) for i in range(n_rows))
+        rows = tuple((i + 1, rng.randint(lo, hi)) for i in range(n_rows))
         file = f"{stem}.csv"
         column = names[index - 1]
         if template == "rows":
@@ -153,7 +159,9 @@ def generate_mini(out_dir: Path, seed: int = MINI_SEED) -> Path:
 def mini_root(seed: int = MINI_SEED) -> Path:
     from fineenvs.paths import cache_dir
 
-    return cache_dir() / "tasks" / f"mini-v{MINI_VERSION}-seed{seed}"
+    # The split sizes are in the name: a set generated with other sizes is another set.
+    sizes = "x".join(str(SPLIT_SIZES[s]) for s in ("train", "test", "eval"))
+    return cache_dir() / "tasks" / f"mini-v{MINI_VERSION}-seed{seed}-{sizes}"
 
 
 def ensure_mini(seed: int = MINI_SEED, root: Path | None = None) -> Path:

@@ -35,6 +35,20 @@ def test_rendered_calls_parse_back_in_every_format(fmt: Any) -> None:
     assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"command": command}
 
 
+def test_the_three_templates_need_commands_that_differ_from_their_first_word() -> None:
+    """The student's one decision per task comes first: rows, sum and max start with different
+    programs, so no question's command is a prefix-sharing variant of another's."""
+    questions = (
+        "How many data rows does vans.csv have?",
+        "What is the sum of the mass column (column 2) in vans.csv?",
+        "What is the largest value in the mass column (column 2) of vans.csv?",
+    )
+    commands = [solution_command([{"role": "user", "content": q}]) for q in questions]
+    assert all(c is not None and c.endswith(" > answer.txt") for c in commands), commands
+    assert len({c.split()[0] for c in commands if c is not None}) == 3, commands
+    assert "-f2 " in str(commands[2]) and "$2" in str(commands[1])
+
+
 def _call(reply: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     parsed = parse_tool_calls(reply, "hermes", tools)
     assert len(parsed.tool_calls) == 1, reply

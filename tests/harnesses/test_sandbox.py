@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -108,7 +110,13 @@ def test_env_from_scratch_inputs_copied_and_outputs_kept(
     assert "LEAK" not in env_dump
     assert "AGENT_KEY=k-session" in env_dump
     assert f"HOME={attempt / 'home'}" in env_dump
-    assert (attempt / "stdout.txt").read_text().splitlines() == ["a,b", "1,2", str(attempt / "work")]
+    csv_a, csv_b, cwd = (attempt / "stdout.txt").read_text().splitlines()
+    assert [csv_a, csv_b] == ["a,b", "1,2"]
+    # The agent worked in a neutral directory (nothing of the run in its path), moved back after.
+    assert re.fullmatch(rf"{re.escape(tempfile.gettempdir())}/fineenvs-work/[0-9a-f]{{8}}", cwd), cwd
+    assert str(tmp_path) not in cwd and not Path(cwd).exists()
+    assert (attempt / "work" / "answer.txt").read_text() == "42\n"
+    assert (attempt / "work" / "data" / "data.csv").read_text() == "a,b\n1,2\n"
     assert (attempt / "stderr.txt").read_text() == "done\n"
     assert result.exit_reason == "finished" and result.returncode == 0
     assert result.answer == "42"

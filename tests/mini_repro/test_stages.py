@@ -42,12 +42,12 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     teacher = runs["teacher"]
     assert [t.job for t in teacher] == [Job.collect_teacher] * 2
     assert all(t.engine.policy == "expert" and t.engine.kind is EngineKind.transformers for t in teacher)
-    assert list(teacher[0].harness) == ["mini_swe_agent"] and list(teacher[1].harness) == ["pi", "opencode"]
+    assert list(teacher[0].harness) == ["pi"] and list(teacher[1].harness) == ["mini_swe_agent", "opencode"]
     assert teacher[0].tasks.name == "mini" and teacher[0].tasks.split == "train"
     (b,) = runs["base"]
     assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
-    assert list(b.harness) == ["mini_swe_agent"] and b.trainer.teacher_dir == str(tmp_path / "teacher")
-    for name, harnesses in (("rl_one", ["mini_swe_agent"]), ("rl_mix", ["mini_swe_agent", "pi", "opencode"])):
+    assert list(b.harness) == ["pi"] and b.trainer.teacher_dir == str(tmp_path / "teacher")
+    for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", ["pi", "mini_swe_agent", "opencode"])):
         (r,) = runs[name]
         assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
         assert r.model.source is ModelSource.local and r.model.path == str(base)

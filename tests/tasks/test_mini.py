@@ -31,7 +31,8 @@ def test_splits_share_templates_but_no_files_columns_or_answers() -> None:
     for template in ("rows", "sum", "max"):  # no held-out answer is a training answer of its template
         seen = {s.gold for s in train if s.template == template}
         assert not seen & {s.gold for s in held_out if s.template == template}, template
-    for s in train + held_out:
+    for s in train + held_out:  # one value column, the one every sum/max question names
+        assert len(s.columns) == 2 and s.column_index == (0 if s.template == "rows" else 2), s
         assert _recompute(s.csv_bytes().decode(), s.question) == s.gold, s.task_id
 
 
