@@ -375,7 +375,7 @@ class MiniReproSpec:
     """Training tasks the teacher attempts per harness (None: the whole train split)."""
     sft_mix_tasks: int | None = 24
     """Teacher rollouts per harness in the SFT-on-the-mix baseline (long prompts are costly on CPU)."""
-    base_epochs: float = 4.0
+    base_epochs: float = 2.0
     sft_learning_rate: float = 3.0e-3
     rl_steps: int = 12
     rl_learning_rate: float = 5.0e-4
