@@ -4,6 +4,8 @@ Layout of an attempt folder::
 
     attempt_dir/home/        HOME of the agent (its config files, logs, trajectories)
     attempt_dir/work/        working directory (task inputs copied in; answer.txt expected here)
+    attempt_dir/stdout.txt   agent stdout        attempt_dir/stderr.txt  agent stderr
+    attempt_dir/attempt.json command line (task prompt included), env variable NAMES, result
 
 While the agent runs, its working directory is not ``attempt_dir/work`` but a neutral one,
 ``<tmp>/fineenvs-work/<8 hex>``, moved to ``attempt_dir/work`` when the attempt ends. Agents put
@@ -12,8 +14,6 @@ like ``runs/x/eval/checkpoints_step-108/attempts/t00002-pi-try0/work`` tells the
 it is in (teacher collection, RL, evaluation) and differs between them. A tiny student trained on
 teacher rollouts wrote garbage under evaluation paths and sensible commands under training ones;
 every attempt now sees the same kind of path, as in a container's fixed working directory.
-    attempt_dir/stdout.txt   agent stdout        attempt_dir/stderr.txt  agent stderr
-    attempt_dir/attempt.json command line (task prompt included), env variable NAMES, result
 
 Two modes:
 
@@ -23,7 +23,7 @@ Two modes:
   any process that escaped it (``setsid``) is killed. The agent still runs as the same user with the
   host's filesystem and network.
 * bwrap (``use_bwrap=True``): additionally a read-only view of the host's root, a private /tmp,
-  writable only the attempt folder, new PID/IPC/UTS namespaces and a private network namespace that
+  writable only the attempt folder and the working directory, new PID/IPC/UTS namespaces and a private network namespace that
   has only loopback; the proxy's host:port is reachable inside through a Unix-socket bridge, nothing
   else is.
 """
@@ -178,7 +178,7 @@ def neutral_workdir() -> Path:
     import secrets
     import tempfile
 
-    root = Path(tempfile.gettempdir()) / WORK_ROOT_NAME
+    root = Path(tempfile.gettempdir()).resolve() / WORK_ROOT_NAME  # resolved: inputs are checked against it
     root.mkdir(mode=0o700, exist_ok=True)
     while True:
         path = root / secrets.token_hex(4)

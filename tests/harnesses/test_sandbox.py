@@ -113,7 +113,9 @@ def test_env_from_scratch_inputs_copied_and_outputs_kept(
     csv_a, csv_b, cwd = (attempt / "stdout.txt").read_text().splitlines()
     assert [csv_a, csv_b] == ["a,b", "1,2"]
     # The agent worked in a neutral directory (nothing of the run in its path), moved back after.
-    assert re.fullmatch(rf"{re.escape(tempfile.gettempdir())}/fineenvs-work/[0-9a-f]{{8}}", cwd), cwd
+    assert re.fullmatch(
+        rf"{re.escape(str(Path(tempfile.gettempdir()).resolve()))}/fineenvs-work/[0-9a-f]{{8}}", cwd
+    ), cwd
     assert str(tmp_path) not in cwd and not Path(cwd).exists()
     assert (attempt / "work" / "answer.txt").read_text() == "42\n"
     assert (attempt / "work" / "data" / "data.csv").read_text() == "a,b\n1,2\n"
