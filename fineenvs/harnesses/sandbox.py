@@ -268,7 +268,25 @@ def run_attempt(
         )
     finally:
         if workdir.exists():
-            shutil.move(str(workdir), str(kept_workdir))
+            _keep_workdir(workdir, kept_workdir)
+
+
+def _keep_workdir(workdir: Path, kept: Path) -> None:
+    """Move the neutral working directory into the attempt folder; never lose the attempt over it."""
+    try:
+        shutil.move(str(workdir), str(kept))
+    except (OSError, shutil.Error):
+        # Across filesystems ``move`` copies, and a FIFO or socket the agent left there fails the
+        # copy: keep the regular files, directories and links.
+        def special(folder: str, names: list[str]) -> list[str]:
+            return [
+                n
+                for n in names
+                if not (Path(folder, n).is_symlink() or Path(folder, n).is_file() or Path(folder, n).is_dir())
+            ]
+
+        shutil.copytree(workdir, kept, symlinks=True, dirs_exist_ok=True, ignore=special)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run_in(

@@ -126,6 +126,27 @@ def test_env_from_scratch_inputs_copied_and_outputs_kept(
     assert (attempt / "attempt.json").exists()
 
 
+def test_workdir_is_kept_when_the_move_has_to_copy_and_meets_a_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across filesystems ``shutil.move`` copies, which fails on a FIFO the agent left behind; the
+    attempt's result and its regular files must survive that."""
+    import fineenvs.harnesses.sandbox as sandbox
+
+    def cross_device(src: str, dst: str) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(sandbox.shutil, "move", cross_device)
+    result = _run(
+        tmp_path, "mkfifo pipe; echo 7 > answer.txt; mkdir -p out; echo x > out/log.txt; pwd > out/cwd.txt"
+    )
+    work = tmp_path / "attempt" / "work"
+    assert result.answer == "7" and result.exit_reason == "finished"
+    assert (work / "answer.txt").read_text() == "7\n" and (work / "out" / "log.txt").read_text() == "x\n"
+    assert not (work / "pipe").exists()
+    assert not Path((work / "out" / "cwd.txt").read_text().strip()).exists()  # the neutral copy is gone
+
+
 def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
     # A foreground sleeper, a background one in the same group, and one that left the group
     # with setsid: all three must be gone after the timeout.
