@@ -23,8 +23,8 @@ Two modes:
   any process that escaped it (``setsid``) is killed. The agent still runs as the same user with the
   host's filesystem and network.
 * bwrap (``use_bwrap=True``): additionally a read-only view of the host's root, a private /tmp,
-  writable only the attempt folder and the working directory, new PID/IPC/UTS namespaces and a private network namespace that
-  has only loopback; the proxy's host:port is reachable inside through a Unix-socket bridge, nothing
+  writable only the attempt folder and the working directory, new PID/IPC/UTS namespaces and a
+  private network namespace that has only loopback; the proxy's host:port is reachable inside through a Unix-socket bridge, nothing
   else is.
 """
 
@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -175,9 +177,6 @@ def _keep_under_tmp() -> list[str]:
 
 def neutral_workdir() -> Path:
     """A fresh, empty working directory whose path says nothing about the run (``<tmp>/fineenvs-work/<8 hex>``)."""
-    import secrets
-    import tempfile
-
     root = Path(tempfile.gettempdir()).resolve() / WORK_ROOT_NAME  # resolved: inputs are checked against it
     root.mkdir(mode=0o700, exist_ok=True)
     while True:
@@ -279,11 +278,8 @@ def _keep_workdir(workdir: Path, kept: Path) -> None:
         # Across filesystems ``move`` copies, and a FIFO or socket the agent left there fails the
         # copy: keep the regular files, directories and links.
         def special(folder: str, names: list[str]) -> list[str]:
-            return [
-                n
-                for n in names
-                if not (Path(folder, n).is_symlink() or Path(folder, n).is_file() or Path(folder, n).is_dir())
-            ]
+            paths = [Path(folder, n) for n in names]
+            return [p.name for p in paths if not (p.is_symlink() or p.is_file() or p.is_dir())]
 
         shutil.copytree(workdir, kept, symlinks=True, dirs_exist_ok=True, ignore=special)
         shutil.rmtree(workdir, ignore_errors=True)
