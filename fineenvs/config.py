@@ -171,6 +171,10 @@ class EngineSpec:
     health_timeout_seconds: float = 900.0
     max_queue: int = 256
     """Embedded engine: requests waiting beyond this get a 503."""
+    prefix_cache_mib: int = 1024
+    """Embedded engine: memory for cached prefix states (``fineenvs.engine.prefix_cache``), reused
+    across calls of an agent and the attempts of a group; 0 turns the cache off. (vLLM's own prefix
+    cache is ``enable_prefix_caching``, off in the published command.)"""
     policy: str = "model"
     """Embedded engine: ``model`` samples; ``expert`` forces the scripted expert's replies
     (``fineenvs.engine.expert``: the CPU teacher of ``+experiment=mini_repro``)."""

@@ -68,6 +68,7 @@ def start_engine(
             max_model_len=e.max_model_len or run.model.max_model_len,
             tool_call_parser=run.model.tool_call_parser,
             policy=None if e.policy == "model" else e.policy,
+            prefix_cache_mib=e.prefix_cache_mib,
             timeout_s=e.health_timeout_seconds,
         )
         return stack.enter_context(launch)

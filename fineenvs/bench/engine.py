@@ -1,6 +1,9 @@
-"""Benchmark of the embedded engine: generated tokens/s and requests/s at 1, 8 and 32 clients.
+"""Benchmark of the embedded engine: throughput at 1, 8 and 32 clients, and the prefix cache.
 
-``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]``
+``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]
+[--sections throughput,session] [--session-lengths 2000:20000:500] [--compare-every 6]``
+
+Throughput (generated tokens/s and requests/s).
 
 Each tiny model is served over real HTTP (uvicorn on 127.0.0.1). For every concurrency level,
 each run fires that many identical-length requests at once (``ignore_eos``, so every request
@@ -9,6 +12,13 @@ Two baselines are measured in the same process: plain ``model.generate`` with th
 count and no server (what HTTP, the chat template, the manual sampling loop and the queue
 cost), and the engine with ``max_batch_size=1`` (fully serial) at the same concurrency (what
 batching the waiting requests buys).
+
+Session (``fineenvs.engine.prefix_cache``). An agent-like conversation grows from 2k to 20k
+tokens: each call is answered with a sampled reply, and the next call resends the history, that
+reply as sampled and a tool result that brings it to the next length (500 tokens more per call
+by default: a reply and a tool output of an agent's turn). Time to first token (the
+prefill and one sampled token) is measured at every call with the prefix cache and, on the very
+same prompts, without it (at every ``--compare-every``-th call and the last); figures are medians over runs, each run from an empty cache.
 """
 
 from __future__ import annotations
@@ -91,6 +101,54 @@ def _baseline(model_dir: Path, max_tokens: int, runs: int) -> float:
     return float(statistics.median(rates))
 
 
+@dataclass
+class SessionFigure:
+    model: str
+    prompt_tokens: int
+    uncached_s: float
+    cached_s: float
+
+
+def _session(
+    model_dir: Path, name: str, lengths: list[int], reply_tokens: int, runs: int, compare_every: int
+) -> list[SessionFigure]:
+    import random
+
+    from fineenvs.engine.generation import Generator, SamplingParams
+
+    cached = Generator(model_dir)
+    plain = Generator(model_dir, prefix_cache_bytes=0)
+    first = SamplingParams(max_tokens=1, temperature=0.8, seed=0, logprobs=True)
+    timed: dict[int, list[float]] = {}
+    prompts: list[list[int]] = []
+    for r in range(runs + 1):  # the first run warms up and records the prompts
+        cached.prefix_cache.clear()
+        rng = random.Random(0)
+        history: list[int] = []
+        for k, length in enumerate(lengths):
+            history += [rng.randrange(20, 900) for _ in range(max(1, length - len(history)))]
+            start = time.perf_counter()
+            cached.generate(history, first)
+            if r:
+                timed.setdefault(k, []).append(time.perf_counter() - start)
+            else:
+                prompts.append(list(history))
+            reply = SamplingParams(max_tokens=reply_tokens, temperature=0.8, seed=k, ignore_eos=True)
+            history = history + cached.generate(history, reply).token_ids
+    figures = []
+    compared = [k for k in range(len(prompts)) if k % compare_every == 0 or k == len(prompts) - 1]
+    for k in compared:
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            plain.generate(prompts[k], first)
+            samples.append(time.perf_counter() - start)
+        figures.append(
+            SessionFigure(name, len(prompts[k]), statistics.median(samples), statistics.median(timed[k]))
+        )
+    return figures
+
+
 def run(
     models: list[str], batch_sizes: list[int], concurrency: list[int], max_tokens: int, runs: int
 ) -> list[tuple[str, float, list[Figure]]]:
@@ -125,10 +183,25 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fineenvs.bench.engine", description=__doc__)
     parser.add_argument("--models", default="tiny_qwen,tiny_lfm2,tiny_qwen3_5")
+    parser.add_argument("--sections", default="throughput,session", help="throughput, session, or both")
     parser.add_argument("--batch-sizes", default="1,8", help="engine max_batch_size values (1 = serial)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--session-lengths",
+        default="2000:20000:500",
+        help="prompt tokens of the session's calls, start:stop:step (each call adds a reply and a tool result)",
+    )
+    parser.add_argument(
+        "--compare-every",
+        type=int,
+        default=6,
+        help="time the uncached engine at every n-th call and the last",
+    )
+    parser.add_argument(
+        "--reply-tokens", type=int, default=64, help="tokens sampled per reply in the session"
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads, as `engine serve` uses for tiny models"
     )
@@ -137,9 +210,32 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
+    sections = {s for s in args.sections.split(",") if s}
+    if not sections or sections - {"throughput", "session"}:
+        parser.error(f"--sections {args.sections!r}: name throughput, session or both, comma-separated")
+    try:
+        lo, hi, step = (int(v) for v in args.session_lengths.split(":"))
+        lengths = list(range(lo, hi + 1, step))
+    except ValueError:
+        parser.error(f"--session-lengths {args.session_lengths!r}: give start:stop:step, e.g. 2000:20000:500")
+    if args.compare_every < 1 or args.reply_tokens < 1 or args.runs < 1:
+        parser.error("--compare-every, --reply-tokens and --runs must be >= 1")
+    if not lengths or lo < 1:
+        parser.error(
+            f"--session-lengths {args.session_lengths!r} names no call: start must be >= 1 and <= stop"
+        )
+    start = time.perf_counter()
+    if "throughput" in sections:
+        _print_throughput(models, args)
+    if "session" in sections:
+        _print_session(models, lengths, args)
+    print(f"total {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _print_throughput(models: list[str], args: argparse.Namespace) -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    start = time.perf_counter()
     results = run(models, batch_sizes, concurrency, args.max_tokens, args.runs)
     print(
         f"embedded engine, {args.max_tokens} tokens per request, median of {args.runs} runs "
@@ -158,8 +254,30 @@ def main(argv: list[str] | None = None) -> int:
                 f"{f.model:<14}{f.max_batch_size:>6}{f.clients:>8}{f.tokens_per_s:>9.1f}{f.requests_per_s:>8.2f}"
                 f"{f.latency_s:>8.2f}{f.tokens_per_s / baseline:>11.2f}x{vs_serial}"
             )
-    print(f"total {time.perf_counter() - start:.1f} s")
-    return 0
+
+
+def _print_session(models: list[str], lengths: list[int], args: argparse.Namespace) -> None:
+    from fineenvs.models import ensure_tiny_model
+
+    print(
+        f"prefix cache: time to first token along a growing session ({lengths[0]} -> {lengths[-1]} tokens, "
+        f"{args.reply_tokens}-token replies), median of {args.runs} runs (CPU, float32, {args.threads} thread(s))"
+    )
+    print(f"{'model':<14}{'prompt':>8}{'uncached s':>12}{'cached s':>10}{'cached/uncached':>17}")
+    for name in models:
+        figures = _session(
+            ensure_tiny_model(name), name, lengths, args.reply_tokens, args.runs, args.compare_every
+        )
+        for f in figures:
+            print(
+                f"{f.model:<14}{f.prompt_tokens:>8}{f.uncached_s:>12.3f}{f.cached_s:>10.3f}"
+                f"{f.cached_s / f.uncached_s:>16.1%}"
+            )
+        last = figures[-1]
+        print(
+            f"{name}: at {last.prompt_tokens} tokens a cached call's first token takes "
+            f"{last.cached_s / last.uncached_s:.1%} of an uncached one's (target <= 15%)"
+        )
 
 
 if __name__ == "__main__":

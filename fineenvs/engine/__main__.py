@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="model: sample from the model (default); expert: force the scripted expert's replies "
         "(fineenvs.engine.expert, the mini-reproduction's teacher)",
     )
+    serve.add_argument(
+        "--prefix-cache-mib",
+        type=int,
+        default=1024,
+        help="memory for cached prefix states reused across requests (default 1024; 0: off)",
+    )
     serve.add_argument("--log-level", default="info")
     client = sub.add_parser(
         "install-vllm-client",
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         device=args.device,
         policy=args.policy,
+        prefix_cache_mib=args.prefix_cache_mib,
     )
     app.state.engine.structured_whitespace = args.structured_whitespace
     logging.getLogger("fineenvs.engine").info(

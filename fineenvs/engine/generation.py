@@ -22,6 +22,7 @@ import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,17 @@ class Generator:
     """A causal LM and its tokenizer, generating one request at a time (callers serialise)."""
 
     def __init__(
-        self, model_dir: Path, *, dtype: str = "float32", seed: int = 0, device: str | None = None
+        self,
+        model_dir: Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        device: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from fineenvs.engine.prefix_cache import PrefixCache
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} is not supported: choose one of {sorted(DTYPES)}")
@@ -227,6 +236,7 @@ class Generator:
         # Fast tokenizers raise "Already borrowed" when two threads use one at once; the event
         # loop renders prompts while the worker decodes completions.
         self.tokenizer_lock = threading.Lock()
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
@@ -295,10 +305,10 @@ class Generator:
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
-        if attention_mask is not None and position_ids is not None:
-            kwargs.update(
-                attention_mask=attention_mask.to(self.device), position_ids=position_ids.to(self.device)
-            )
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.device)
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(self.device)
         out = self.model(input_ids=input_ids.to(self.device), **kwargs)
         new_cache = out.get("cache", None)
         if new_cache is None:
@@ -322,14 +332,16 @@ class Generator:
         on_finish: Callable[[int, GenerationResult], None] | None = None,
         between_steps: Callable[[], None] | None = None,
     ) -> list[GenerationResult]:
-        """Generate for several requests in one left-padded batch, each with its own params.
+        """Generate for several requests decoded together as one batch, each with its own params.
 
-        Every row is sampled from its own processed distribution with its own RNG, exactly as
-        alone; padding only changes float rounding (measured ~1e-5 in logprob on the tiny
-        models, whose padded positions are masked in attention and zeroed before the
-        convolution and linear-attention layers). A batch of one takes no padding at all.
-        ``on_finish(index, result)`` is called as soon as a row finishes, so a short request
-        is answered without waiting for the longest row of its batch. ``between_steps()`` runs
+        Each prompt is prefilled alone, from the longest prefix the prefix cache holds
+        (``fineenvs.engine.prefix_cache``); the rows' states are then stacked, left-padded, for
+        decoding. Every row is sampled from its own processed distribution with its own RNG,
+        exactly as alone; the padding only changes float rounding (measured ~1e-5 in logprob on
+        the tiny models, whose padded positions are masked in attention; the convolution and
+        linear-attention states are per row). A batch of one takes no padding at all.
+        ``on_finish(index, result)`` is called as soon as a row finishes, so a short request is
+        answered without waiting for the longest row of its batch. ``between_steps()`` runs
         between two decoding steps (the engine's pause point); the tokens after it are sampled
         with whatever weights are loaded then, and each token records its weight version.
         """
@@ -344,39 +356,82 @@ class Generator:
                         on_finish(i, results[i])
 
         with self.lock, torch.inference_mode():
-            version = self.weight_version
+            version = start_version = self.weight_version
+            batch = [i for i, r in enumerate(rows) if not r.done]
+            states, firsts = [], []
+            for i in batch:
+                state, first = self._prefill(rows[i].prompt, start_version)
+                states.append(state)
+                firsts.append(first)
+            report(version)
+            if not batch:
+                return [results[i] for i in range(len(rows))]
+            lengths = [len(rows[i].prompt) for i in batch]
+            width = max(lengths)
             mask: torch.Tensor | None = None
             positions: torch.Tensor | None = None
-            width = max(len(r.prompt) for r in rows)
-            ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-            if len(rows) > 1:
-                mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, row in enumerate(rows):
-                ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt, dtype=torch.long)
-                if mask is not None:
-                    mask[i, width - len(row.prompt) :] = 1
-            if mask is not None:
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            live = [r for r in rows if not r.cancelled()]
-            if live:
-                logits, cache = self._forward(ids, None, mask, positions)
+            if len(batch) == 1:
+                cache = states[0]
+            else:
+                from fineenvs.engine.prefix_cache import stack_rows
+
+                cache = stack_rows(states, lengths)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for j, n in enumerate(lengths):
+                    mask[j, width - n :] = 1
+                positions = torch.tensor([[n - 1] for n in lengths], dtype=torch.long)
+            logits = torch.stack(firsts)
+            pads = [width - n for n in lengths]
             step = 0
-            report(version)
-            while any(not r.done for r in rows):
-                next_ids = [r.step(logits[i], step) for i, r in enumerate(rows)]
+            while True:
+                next_ids = [rows[i].step(logits[j], step) for j, i in enumerate(batch)]
                 step += 1
+                if self.weight_version == start_version:
+                    self._keep_finished(rows, batch, cache, pads, step, start_version)
                 report(version)
-                if all(r.done for r in rows):
+                if all(rows[i].done for i in batch):
                     break
                 if between_steps is not None:
                     between_steps()
                     version = self.weight_version
                 feed = torch.tensor([[t if t is not None else self._pad_id] for t in next_ids])
                 if mask is not None and positions is not None:
-                    mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+                    mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
                     positions = positions[:, -1:] + 1
                 logits, cache = self._forward(feed, cache, mask, positions)
         return [results[i] for i in range(len(rows))]
+
+    def _prefill(self, prompt: list[int], version: int) -> tuple[Any, torch.Tensor]:
+        """The model state after ``prompt`` and its next-token logits, computed from the longest
+        cached prefix; the state after the prompt is cached in turn."""
+        hit = self.prefix_cache.lookup(prompt, version)
+        if hit is not None and hit.logits is not None:
+            return hit.state, hit.logits
+        start = 0 if hit is None else hit.length
+        ids = torch.tensor([prompt[start:]], dtype=torch.long)
+        positions = torch.arange(start, len(prompt), dtype=torch.long)[None] if start else None
+        logits, state = self._forward(ids, None if hit is None else hit.state, None, positions)
+        self.prefix_cache.insert(prompt, state, version, logits[0], copy_state=True)
+        return state, logits[0]
+
+    def _keep_finished(
+        self, rows: list[_Row], batch: list[int], cache: Any, pads: list[int], step: int, version: int
+    ) -> None:
+        """Cache the state of each row that finished at this step: its prompt and every sampled
+        token but the last (the one never fed), as the agent's next call will start with them."""
+        if not self.prefix_cache.enabled:
+            return
+        from fineenvs.engine.prefix_cache import select_row
+
+        for j, i in enumerate(batch):
+            row = rows[i]
+            if not row.done or len(row.tokens) != step or row.finish == "abort" or step < 2:
+                continue
+            tokens = row.prompt + row.tokens[:-1]
+            if len(batch) == 1:
+                self.prefix_cache.insert(tokens, cache, version, copy_state=False)
+            else:
+                self.prefix_cache.insert(tokens, select_row(cache, j, pads[j]), version, copy_state=False)
 
     def load_weights(self, path: Path, version: int | None = None) -> list[str]:
         """Load a safetensors file or checkpoint directory into the model; return loaded names.
@@ -430,4 +485,5 @@ class Generator:
                 self.model.tie_weights()
             self.weight_version = self.weight_version + 1 if version is None else version
             self.weights_path = str(path)
+            self.prefix_cache.clear()  # states computed by the old weights
         return sorted(state)

@@ -222,6 +222,7 @@ def launch_transformers_engine(
     max_model_len: int | None = None,
     tool_call_parser: str | None = None,
     policy: str | None = None,
+    prefix_cache_mib: int | None = None,
     python: str | None = None,
     timeout_s: float = 180.0,
     grace_s: float = 10.0,
@@ -235,6 +236,7 @@ def launch_transformers_engine(
         "--max-model-len": max_model_len,
         "--tool-call-parser": tool_call_parser,
         "--policy": policy,
+        "--prefix-cache-mib": prefix_cache_mib,
     }
 
     def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:

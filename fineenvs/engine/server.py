@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fineenvs.engine.generation import GenerationResult, Generator, SamplingParams
+from fineenvs.engine.generation import DEFAULT_PREFIX_CACHE_BYTES, GenerationResult, Generator, SamplingParams
 from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, ToolCallFormat, parse_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -698,6 +698,12 @@ async def weight_info(request: Request) -> Response:
     return JSONResponse(_weight_info(request.app.state.engine))
 
 
+async def reset_prefix_cache(request: Request) -> Response:
+    """vLLM's dev route: drop every cached prefix state (``{"success": true}``)."""
+    request.app.state.engine.generator.prefix_cache.clear()
+    return JSONResponse({"success": True})
+
+
 async def swap_weights(state: EngineState, fn: Any, *args: Any) -> Any:
     """Run a weight swap on the worker: queued behind every request admitted before it, or, while
     the worker is frozen (pause mode ``keep``), at once between two decoding steps."""
@@ -746,6 +752,7 @@ def create_engine_app(
     device: str | None = None,
     decode_delay_s: float = 0.0,
     policy: str = "model",
+    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_BYTES >> 20,
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
@@ -761,7 +768,13 @@ def create_engine_app(
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    generator = Generator(Path(model_dir), dtype=dtype, seed=seed, device=device)
+    if prefix_cache_mib < 0:
+        raise ValueError(
+            f"prefix_cache_mib must be >= 0 (0 turns the prefix cache off), got {prefix_cache_mib}"
+        )
+    generator = Generator(
+        Path(model_dir), dtype=dtype, seed=seed, device=device, prefix_cache_bytes=prefix_cache_mib << 20
+    )
     limit = max_model_len or generator.max_position_embeddings
     if limit > generator.max_position_embeddings:
         raise ValueError(
@@ -792,6 +805,7 @@ def create_engine_app(
             Route("/health", health, methods=["GET"]),
             Route("/update_weights_from_path", update_weights_from_path, methods=["POST"]),
             Route("/weight_info", weight_info, methods=["GET"]),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         ],
         lifespan=lifespan,
     )

@@ -286,6 +286,8 @@ def startup_settings(ns: argparse.Namespace, env: dict[str, str]) -> dict[str, A
         else "flexible",
         # Tests of pause timing slow decoding to a known pace (seconds per decoding step).
         "decode_delay_s": float(env.get("FINEENVS_STANDIN_DECODE_DELAY_S") or 0.0),
+        # vLLM caches prefixes unless told --no-enable-prefix-caching (the published command).
+        "prefix_caching": ns.enable_prefix_caching is not False,
     }
 
 
@@ -315,6 +317,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
+    from fineenvs.engine.generation import DEFAULT_PREFIX_CACHE_BYTES
     from fineenvs.engine.server import EngineState, create_engine_app, error, swap_weights
 
     app = create_engine_app(
@@ -326,6 +329,7 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
         tool_call_format=settings["tool_call_format"],
         max_queue=1024,
         decode_delay_s=settings.get("decode_delay_s", 0.0),
+        prefix_cache_mib=(DEFAULT_PREFIX_CACHE_BYTES >> 20) if settings.get("prefix_caching", True) else 0,
     )
     state: EngineState = app.state.engine
     rl = _RL(settings["world_size"], settings["world_size_across_dp"], settings["weight_transfer_backend"])
@@ -624,11 +628,13 @@ def create_standin_app(settings: dict[str, Any]) -> Any:
                 Route("/server_info", server_info, methods=["GET"]),
             ]
         )
-    # vLLM serves neither the embedded engine's own weight route nor its /weight_info shape.
+    # vLLM serves neither the embedded engine's own weight route nor its /weight_info shape, and
+    # /reset_prefix_cache only in dev mode.
     app.router.routes[:] = [
         r
         for r in app.router.routes
         if getattr(r, "path", None) != "/update_weights_from_path"
+        and not (getattr(r, "path", None) == "/reset_prefix_cache" and not settings["dev_mode"])
         and not (
             getattr(r, "path", None) == "/weight_info" and getattr(r, "endpoint", None) is not weight_info
         )
