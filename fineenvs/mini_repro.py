@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import statistics
 import subprocess
 import sys
@@ -164,11 +165,20 @@ def _run_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) ->
             ]
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
-            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-            if done.returncode != 0:
+            child = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+            try:
+                returncode = child.wait()
+            except KeyboardInterrupt:  # this run is stopping: the stage stops as it would alone
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                raise
+            if returncode != 0:
                 tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
                 raise StageFailed(
-                    f"stage {name} failed (exit {done.returncode}); its log is {log}. Last lines:\n"
+                    f"stage {name} failed (exit {returncode}); its log is {log}. Last lines:\n"
                     + "\n".join(tail)
                     + "\nFix the cause and rerun the same command: finished stages are skipped."
                 )

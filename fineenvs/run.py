@@ -69,8 +69,24 @@ def hydra_main(cfg: DictConfig) -> float | None:
         )
         raise SystemExit(3)
     from fineenvs.jobs import run_job
+    from fineenvs.lifecycle import mark_run, reap_leftovers, stop_on_signals, stopped_by
 
-    return run_job(run)
+    out = Path(run.output_dir)
+    reaped = reap_leftovers(out)
+    if reaped:
+        print(f"stopped {len(reaped)} process(es) an earlier run on {out} left behind: {reaped}", flush=True)
+    mark_run(out)
+    stop_on_signals(out)
+    try:
+        return run_job(run)
+    except KeyboardInterrupt:
+        name, signum = stopped_by() or ("SIGINT", 2)
+        print(
+            f"fineenvs: stopped by {name}; every component was stopped (see {out / 'stopped.json'}). "
+            "Rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signum) from None
 
 
 def main() -> None:

@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("fineenvs.engine").info(
         "serving %s (%s) on http://%s:%d", name, model_dir, args.host, args.port
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # A stop must not wait on clients' keep-alive connections: in-flight requests get 5 s.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 
 

@@ -708,7 +708,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # tiny models: extra intra-op threads only spin (see engine.__main__)
     app = create_standin_app(settings)
-    uvicorn.run(app, host=settings["host"], port=settings["port"], log_level="warning")
+    uvicorn.run(
+        app, host=settings["host"], port=settings["port"], log_level="warning", timeout_graceful_shutdown=5
+    )
     return 0
 
 

@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Outputs
+from fineenvs.lifecycle import RUN_MARKER_ENV
 
 ANSWER_FILE = "answer.txt"
 MARKER_ENV = "FINEENVS_ATTEMPT_ID"
@@ -140,6 +142,30 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+GUARD = Path(__file__).with_name("guard.py")
+_LIVE: dict[int, str] = {}  # guard pid (= its process group) -> attempt marker, while running
+_LIVE_LOCK = threading.Lock()
+
+
+def guarded(argv: list[str], marker: str) -> list[str]:
+    """``argv`` under the attempt's guard (``fineenvs.harnesses.guard``): the agent's process
+    tree dies with this process, even when this process is SIGKILLed."""
+    return [sys.executable, "-I", str(GUARD), str(os.getpid()), marker, "--", *argv]
+
+
+def stop_live_attempts() -> int:
+    """Ask every running attempt's guard to take its agent down (returns at once; the attempts'
+    own threads then see their agents exit and finish as usual). Returns how many were running."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for pgid in live:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(live)
 
 
 def kill_attempt(pgid: int, marker: str, *, grace: float = KILL_GRACE_SECONDS) -> list[int]:
@@ -329,6 +355,8 @@ def _run_in(
     )
     marker = uuid.uuid4().hex
     env[MARKER_ENV] = marker
+    if os.environ.get(RUN_MARKER_ENV):  # a restarted run reaps what this run leaves behind
+        env[RUN_MARKER_ENV] = os.environ[RUN_MARKER_ENV]
 
     bridge: Any = None
     if use_bwrap:
@@ -354,9 +382,12 @@ def _run_in(
         if bridge is not None:
             bridge.__enter__()
         try:
+            exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
             try:
+                if exe is None or not os.access(exe, os.X_OK):  # the guard would only exit 127
+                    raise FileNotFoundError(2, "no such executable on the agent's PATH", argv[0])
                 proc = subprocess.Popen(
-                    argv,
+                    guarded(argv, marker),
                     cwd=workdir,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -368,14 +399,20 @@ def _run_in(
                 detail = f"could not start {argv[0]}: {exc}"
                 proc = None
             if proc is not None:
+                with _LIVE_LOCK:
+                    _LIVE[proc.pid] = marker
                 try:
-                    returncode = proc.wait(timeout=timeout_seconds)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                # Also after a clean exit: agents leave shells, servers and watchers behind.
-                leftover = kill_attempt(proc.pid, marker)
-                if returncode is None:
-                    returncode = proc.wait()
+                    try:
+                        returncode = proc.wait(timeout=timeout_seconds)
+                    except subprocess.TimeoutExpired:
+                        timed_out = True
+                    # Also after a clean exit: agents leave shells, servers and watchers behind.
+                    leftover = kill_attempt(proc.pid, marker)
+                    if returncode is None:
+                        returncode = proc.wait()
+                finally:
+                    with _LIVE_LOCK:
+                        _LIVE.pop(proc.pid, None)
         finally:
             if bridge is not None:
                 bridge.__exit__(None, None, None)

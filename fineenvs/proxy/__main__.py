@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
         timeout_keep_alive=75,
         backlog=4096,
+        # Stopping must not wait on agents' keep-alive connections (an orphaned agent kept a
+        # SIGTERMed proxy alive): in-flight calls get 5 s to finish and be recorded.
+        timeout_graceful_shutdown=5,
     )
     return 0
 

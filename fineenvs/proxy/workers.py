@@ -343,7 +343,12 @@ def worker_main() -> int:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     config = uvicorn.Config(
-        app, log_level=str(spec["log_level"]), access_log=False, timeout_keep_alive=75, proxy_headers=False
+        app,
+        log_level=str(spec["log_level"]),
+        access_log=False,
+        timeout_keep_alive=75,
+        proxy_headers=False,
+        timeout_graceful_shutdown=5,  # as the single-process proxy: never wait on idle agents
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -1,0 +1,101 @@
+"""An attempt's guard: the agent's parent, which takes the agent's whole process tree down with it.
+
+``python -I guard.py <run pid> <marker> -- <agent argv...>`` (run by path, standard library only,
+so it starts in milliseconds and imports nothing of the project).
+
+Why. An agent runs in its own session so that its shells and servers can be killed as one group,
+which also means nothing ties it to the run: when the run is SIGKILLed (the OOM killer, a cluster
+time limit that escalates) its agents kept running with PPID 1. The guard asks the kernel for a
+SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), starts the agent in a process group of its
+own, and on SIGTERM (the run died, or the run is stopping the attempt) kills that group and every
+process carrying the attempt's marker in its environment (descendants that left the group), first
+with SIGTERM, then SIGKILL. Otherwise it waits for the agent and exits as the agent did (the same
+exit code, or the same signal), so the caller sees the agent's own status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # = fineenvs.harnesses.sandbox.MARKER_ENV (tested)
+GRACE_SECONDS = 3.0
+
+
+def _marked(marker: str) -> list[int]:
+    needle = f"{MARKER_ENV}={marker}".encode()
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _take_down(agent: subprocess.Popen[bytes], marker: str) -> None:
+    for sig, wait in ((signal.SIGTERM, GRACE_SECONDS), (signal.SIGKILL, 2.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(agent.pid, sig)
+        for pid in _marked(marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            agent.poll()  # reap the agent itself, or it stays a zombie that looks alive
+            if not [p for p in [agent.pid, *_marked(marker)] if _alive(p)]:
+                return
+            time.sleep(0.05)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: guard.py <run pid> <marker> -- <argv...>", file=sys.stderr)
+        return 2
+    run_pid, marker, command = int(argv[0]), argv[1], argv[3:]
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != run_pid:  # the run died before the line above took effect
+        return 128 + signal.SIGTERM
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    try:
+        agent = subprocess.Popen(command, process_group=0)
+    except OSError as exc:
+        print(f"could not start {command[0]}: {exc}", file=sys.stderr)
+        return 127
+    while agent.poll() is None and not stopping:
+        # A short timeout, not a signal-interrupted wait: the handler above only sets a flag.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(timeout=0.2)
+    if stopping:
+        _take_down(agent, marker)
+        return 128 + signal.SIGTERM
+    _take_down(agent, marker)  # the agent exited: its leftovers (shells, servers) go too
+    code = agent.returncode
+    if code < 0:  # die of the agent's signal, so the caller sees exactly what the agent did
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,119 @@
+"""Nothing outlives a run: SIGTERM stops it as Ctrl-C does, and a restart reaps what a kill left.
+
+- ``mark_run(out)`` puts the run's output directory in the environment (``FINEENVS_RUN_DIR``):
+  every child inherits it (engine, proxy, the stages of ``job=mini_repro``) and the sandbox gives
+  it to every agent, so whatever belongs to a run can be found by it later.
+- ``reap_leftovers(out)``: a run SIGKILLed before it could stop its children leaves them behind
+  only briefly (the engine, the proxy and every agent's guard get a signal when it dies:
+  ``PR_SET_PDEATHSIG``), but a restarted run on the same output directory still stops any process
+  that carries the directory's mark first (SIGTERM, then SIGKILL).
+- ``stop_on_signals(out)``: SIGTERM (what SLURM sends at a time limit or ``scancel``) and SIGINT
+  stop the run the way Ctrl-C does, by raising ``KeyboardInterrupt`` in the main thread, so every
+  component stops in reverse order; first each running attempt's guard is told to take its agent
+  down (the interpreter would otherwise wait for the attempts' threads, up to the attempt timeout).
+  The stop is recorded in ``<out>/stopped.json``: the signal, the time, the attempts cut off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+RUN_MARKER_ENV = "FINEENVS_RUN_DIR"
+STOPPED_FILE = "stopped.json"
+
+_stop: dict[str, object] = {}
+
+
+def mark_run(out: Path) -> str:
+    value = str(Path(out).resolve())
+    os.environ[RUN_MARKER_ENV] = value
+    return value
+
+
+def _ancestors() -> set[int]:
+    pids, pid = {os.getpid()}, os.getpid()
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        pids.add(pid)
+    return pids
+
+
+def run_processes(out: Path) -> list[int]:
+    """Live processes carrying the mark of the run on ``out`` (not this process or its ancestors)."""
+    return _marked(str(Path(out).resolve()))
+
+
+def _marked(value: str) -> list[int]:
+    needle = f"{RUN_MARKER_ENV}={value}".encode()
+    skip = _ancestors()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+                if state != "Z":
+                    found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def reap_leftovers(out: Path, grace_s: float = 5.0) -> list[int]:
+    """Stop every process an earlier run on ``out`` left behind; return their pids."""
+    value = str(Path(out).resolve())
+    found = _marked(value)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in found:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline and _marked(value):
+            time.sleep(0.1)
+        if not _marked(value):
+            break
+    return found
+
+
+def stop_on_signals(out: Path) -> None:
+    """From now on, SIGTERM and SIGINT stop this run as Ctrl-C does (see the module docstring)."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        from fineenvs.harnesses.sandbox import stop_live_attempts
+
+        first = not _stop
+        cut = stop_live_attempts()
+        if not first and time.time() - float(str(_stop["time"])) < 2.0:
+            return  # the same stop reaching us twice (Ctrl-C signals the whole process group)
+        if first:
+            _stop.update(
+                signal=signal.Signals(signum).name, signum=signum, time=time.time(), attempts_cut_off=cut
+            )
+            try:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                (Path(out) / STOPPED_FILE).write_text(json.dumps(_stop, indent=1) + "\n")
+            except OSError:
+                pass
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def stopped_by() -> tuple[str, int] | None:
+    """The signal that stopped this run (name, number), if one did."""
+    if not _stop:
+        return None
+    return str(_stop["signal"]), int(str(_stop["signum"]))
