@@ -53,20 +53,9 @@ def run_processes(out: Path) -> list[int]:
 
 
 def _marked(value: str) -> list[int]:
-    needle = f"{RUN_MARKER_ENV}={value}".encode()
-    skip = _ancestors()
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in skip:
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-                if state != "Z":
-                    found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    from fineenvs.harnesses.guard import pids_with_env
+
+    return pids_with_env(RUN_MARKER_ENV, value, _ancestors())
 
 
 def reap_leftovers(out: Path, grace_s: float = 5.0) -> list[int]:

@@ -23,31 +23,37 @@ import subprocess
 import sys
 import time
 
-MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # = fineenvs.harnesses.sandbox.MARKER_ENV (tested)
+MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # every process of an attempt carries it (the sandbox sets it)
 GRACE_SECONDS = 3.0
 
 
-def _marked(marker: str) -> list[int]:
-    needle = f"{MARKER_ENV}={marker}".encode()
-    me, found = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+def pids_with_env(name: str, value: str, skip: set[int]) -> list[int]:
+    """Live processes whose environment has ``name=value`` (children inherit it), minus ``skip``."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(name))
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and alive(int(entry)):
+                    found.append(int(entry))
         except OSError:
             continue
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (not a zombie waiting to be reaped)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _marked(marker: str) -> list[int]:
+    return pids_with_env(MARKER_ENV, marker, {os.getpid()})
 
 
 def _take_down(agent: subprocess.Popen[bytes], marker: str) -> None:
@@ -60,7 +66,7 @@ def _take_down(agent: subprocess.Popen[bytes], marker: str) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             agent.poll()  # reap the agent itself, or it stays a zombie that looks alive
-            if not [p for p in [agent.pid, *_marked(marker)] if _alive(p)]:
+            if not alive(agent.pid) and not _marked(marker):
                 return
             time.sleep(0.05)
 

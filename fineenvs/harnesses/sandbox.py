@@ -48,10 +48,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Outputs
+from fineenvs.harnesses.guard import MARKER_ENV, alive, pids_with_env
 from fineenvs.lifecycle import RUN_MARKER_ENV
 
 ANSWER_FILE = "answer.txt"
-MARKER_ENV = "FINEENVS_ATTEMPT_ID"
 KILL_GRACE_SECONDS = 3.0
 
 WORK_ROOT_NAME = "fineenvs-work"
@@ -105,19 +105,7 @@ def classify(*, timed_out: bool, returncode: int | None, stats: ProxyStats | Non
 
 def _pids_with_marker(marker: str) -> list[int]:
     """Processes whose environment carries this attempt's marker (children inherit it)."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found: list[int] = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    return pids_with_env(MARKER_ENV, marker, {os.getpid()})
 
 
 def _pids_in_group(pgid: int) -> list[int]:
@@ -136,12 +124,7 @@ def _pids_in_group(pgid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+_alive = alive
 
 
 GUARD = Path(__file__).with_name("guard.py")
