@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-RUN_MARKER_ENV = "FINEENVS_RUN_DIR"
+from fineenvs.harnesses.guard import RUN_MARKER_ENV, pids_with_env
+
 STOPPED_FILE = "stopped.json"
 
 _stop: dict[str, object] = {}
@@ -53,8 +54,6 @@ def run_processes(out: Path) -> list[int]:
 
 
 def _marked(value: str) -> list[int]:
-    from fineenvs.harnesses.guard import pids_with_env
-
     return pids_with_env(RUN_MARKER_ENV, value, _ancestors())
 
 

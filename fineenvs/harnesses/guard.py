@@ -24,6 +24,7 @@ import sys
 import time
 
 MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # every process of an attempt carries it (the sandbox sets it)
+RUN_MARKER_ENV = "FINEENVS_RUN_DIR"  # every process of a run: its output directory (fineenvs.lifecycle)
 GRACE_SECONDS = 3.0
 
 

@@ -48,8 +48,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Outputs
-from fineenvs.harnesses.guard import MARKER_ENV, alive, pids_with_env
-from fineenvs.lifecycle import RUN_MARKER_ENV
+from fineenvs.harnesses.guard import MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
 
 ANSWER_FILE = "answer.txt"
 KILL_GRACE_SECONDS = 3.0
