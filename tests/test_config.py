@@ -55,8 +55,12 @@ def test_all_recipes_exist() -> None:
         assert (REPO_ROOT / "experiments" / name / "README.md").is_file(), name
 
 
-def test_ten_harnesses() -> None:
-    assert len(ALL_HARNESSES) == 10
+def test_every_adapter_has_a_config_option() -> None:
+    """conf/harness/<name>.yaml exists for exactly the registered adapters (all.yaml lists them all)."""
+    from fineenvs.harnesses import HARNESSES
+
+    assert ALL_HARNESSES == sorted(HARNESSES)
+    assert sorted(load("harness=all").harness) == ALL_HARNESSES
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
