@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from fineenvs.harnesses.aider import Aider
 from fineenvs.harnesses.base import API_FORMATS, Harness, HarnessConfigError, Outputs
 from fineenvs.harnesses.claude_code import ClaudeCode
 from fineenvs.harnesses.cline import Cline
 from fineenvs.harnesses.codex import Codex
+from fineenvs.harnesses.copilot import Copilot
+from fineenvs.harnesses.droid import Droid
 from fineenvs.harnesses.gemini_cli import GeminiCli
 from fineenvs.harnesses.gptme import Gptme
 from fineenvs.harnesses.hermes import Hermes
+from fineenvs.harnesses.kilo import Kilo
 from fineenvs.harnesses.mini_swe_agent import MiniSweAgent
 from fineenvs.harnesses.mistral_vibe import MistralVibe
 from fineenvs.harnesses.opencode import OpenCode
@@ -42,6 +46,10 @@ HARNESSES: dict[str, Harness] = {
         OpenHands(),
         Cline(),
         Gptme(),
+        Copilot(),
+        Kilo(),
+        Droid(),
+        Aider(),
     )
 }
 

@@ -78,6 +78,9 @@ class Harness(ABC):
     extra_requirements: tuple[str, ...] = ()
     # Whether the agent honours a step limit we can set (only then is step_limit passed through).
     honours_step_limit: bool = False
+    # Agents that act through text formats (file edits written out in the reply) instead of tool
+    # calls: the proxy sees no tool calls, so their own trace is the only count of their actions.
+    actions_in_text: bool = False
     # PyPI agents whose releases need a newer Python than the project's name it here ("3.12").
     python_version: str | None = None
 
@@ -103,6 +106,14 @@ class Harness(ABC):
 
     def install_command_hint(self) -> str:
         return f"python -m fineenvs.harnesses install {self.name}"
+
+    def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:
+        """Commands (argv, complete environment) run once after the package landed in ``prefix``.
+
+        ``prefix`` is the temporary directory the installer renames to :attr:`install_dir` when
+        every command succeeded, so paths must be built from it, not from ``install_dir``.
+        """
+        return []
 
     def installed_version(self) -> str | None:
         marker = self.install_dir / MARKER_FILE

@@ -129,6 +129,8 @@ def install(h: Harness, *, force: bool = False, echo: Callable[[str], None] = pr
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{h.name}-{h.version}-", dir=cache))
         try:
             _install_into(h, tmp, log)
+            for cmd, env in h.post_install(tmp):
+                _run(cmd, log=log, env=env)
             if h.registry == "pypi":
                 _relocate_venv_scripts(tmp / "venv", tmp, h.install_dir)
             (tmp / MARKER_FILE).write_text(

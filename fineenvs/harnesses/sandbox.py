@@ -417,7 +417,8 @@ def _run_in(
         reason = "crashed"
     proxy_tools = stats.tool_calls if stats is not None else None
     disagree = (
-        proxy_tools is not None
+        not harness.actions_in_text
+        and proxy_tools is not None
         and outputs.native_tool_calls is not None
         and proxy_tools != outputs.native_tool_calls
     )

@@ -9,7 +9,9 @@ in the vLLM shape the proxy expects (``prompt_token_ids`` from a real tokenizer'
   ``SHELL_COMMAND`` (writes answer.txt, prints a marker the tests look for in the tool result);
 * a tool result is present: a final text answer -- except for mini-swe-agent, whose every reply
   must call bash: there the next reply submits with ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``;
-* no tools (title generation and other side calls): short text, or JSON when a schema is asked.
+* no tools but a text edit format in the system prompt (aider's ``*file listing*``): one reply that
+  writes answer.txt as a whole-file listing;
+* no tools otherwise (title generation and other side calls): short text, or JSON when a schema is asked.
 
 Run: ``python tests/harnesses/scripted_engine.py --port N [--tokenizer-model tiny_qwen]``.
 """
@@ -30,6 +32,9 @@ TOOL_MARKER = "FINEENVS_TOOL_RAN"
 SHELL_COMMAND = f"echo {ANSWER} > answer.txt; echo {TOOL_MARKER}"
 FINAL_TEXT = f"I wrote the answer {ANSWER} to answer.txt."
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# Aider's whole-file edit format: the file name, then its full content in a fence.
+FILE_LISTING_MARKER = "*file listing*"
+FILE_LISTING_REPLY = f"I will write the answer.\n\nanswer.txt\n```\n{ANSWER}\n```\n"
 
 # Shell tools of the harnesses, most specific first.
 SHELL_TOOLS = (
@@ -43,6 +48,7 @@ SHELL_TOOLS = (
     "execute_bash",
     "run_command",
     "run_commands",
+    "Execute",
 )
 COMMAND_KEYS = ("command", "cmd", "commands", "code", "script", "input")
 
@@ -128,6 +134,10 @@ def decide(body: dict[str, Any]) -> dict[str, Any]:
                 }
             ],
         }
+    if not tools and any(
+        m.get("role") == "system" and FILE_LISTING_MARKER in _text_of(m.get("content")) for m in messages
+    ):
+        return {"role": "assistant", "content": FILE_LISTING_REPLY}
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
         return {"role": "assistant", "content": json.dumps({"title": "Write answer", "isNewTopic": True})}

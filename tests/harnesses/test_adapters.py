@@ -217,6 +217,133 @@ def test_hermes_custom_provider(fmt: str, mode: str, url: str, tmp_path: Path) -
     assert env["HERMES_HOME"] == str(home / ".hermes")
 
 
+@pytest.mark.parametrize(
+    ("fmt", "ptype", "wire", "base"),
+    [
+        (OPENAI_CHAT, "openai", "completions", BASE + "/v1"),
+        (OPENAI_RESPONSES, "openai", "responses", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic", None, BASE),
+    ],
+)
+def test_copilot_byok_provider(fmt: str, ptype: str, wire: str | None, base: str, tmp_path: Path) -> None:
+    h = get_harness("copilot")
+    home, work, env, argv = build(h, tmp_path, fmt)
+    assert env["COPILOT_PROVIDER_BASE_URL"] == base and env["COPILOT_PROVIDER_API_KEY"] == KEY
+    assert env["COPILOT_PROVIDER_TYPE"] == ptype
+    assert env.get("COPILOT_PROVIDER_WIRE_API") == wire
+    assert env["COPILOT_MODEL"] == MODEL
+    # Offline: no GitHub login, telemetry, MCP or update traffic; state under the fresh HOME.
+    assert env["COPILOT_OFFLINE"] == "true" and env["COPILOT_AUTO_UPDATE"] == "false"
+    assert env["COPILOT_HOME"] == str(home / ".copilot")
+    # The unpacked JavaScript is shared from the install directory, not unpacked per attempt.
+    assert env["COPILOT_PKG_CACHE_HOME"].startswith(str(h.install_dir))
+    assert {"--allow-all-tools", "--no-auto-update", "--disable-client-telemetry"} <= set(argv)
+    assert argv[argv.index("-C") + 1] == str(work)
+    assert argv[argv.index("--output-format") + 1] == "json"
+
+
+def test_copilot_unpacks_its_package_at_install(tmp_path: Path) -> None:
+    ((argv, env),) = get_harness("copilot").post_install(tmp_path)
+    assert argv == [str(tmp_path / "node_modules" / ".bin" / "copilot"), "--binary-version"]
+    assert env["COPILOT_SEA_EXTRACT_ONLY"] == "1"
+    assert env["COPILOT_PKG_CACHE_HOME"] == str(tmp_path / "pkg-cache")
+    assert "LEAK" not in "".join(env.values())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "sdk", "base"),
+    [
+        (OPENAI_CHAT, "@ai-sdk/openai-compatible", BASE + "/v1"),
+        (OPENAI_RESPONSES, "@ai-sdk/openai", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "@ai-sdk/anthropic", BASE + "/v1"),
+        (GEMINI, "@ai-sdk/google", BASE + "/v1beta"),
+    ],
+)
+def test_kilo_provider_per_format_and_step_limit(fmt: str, sdk: str, base: str, tmp_path: Path) -> None:
+    home, work, env, argv = build(get_harness("kilo"), tmp_path, fmt, step_limit=6)
+    cfg = json.loads(Path(env["KILO_CONFIG"]).read_text())
+    ((name, provider),) = cfg["provider"].items()
+    assert name not in ("openai", "kilo")  # those select Kilo's built-in providers
+    assert cfg["enabled_providers"] == [name]  # the built-in gateway would fetch its model list
+    assert provider["npm"] == sdk and provider["options"]["baseURL"] == base
+    assert provider["options"]["apiKey"] == KEY
+    assert cfg["model"] == f"{name}/{MODEL}"
+    assert cfg["agent"][cfg["default_agent"]]["steps"] == 6
+    assert env["KILO_TELEMETRY_LEVEL"] == "off" and env["KILO_DISABLE_AUTOUPDATE"] == "1"
+    assert argv[1:3] == ["run", "--format"] and "--auto" in argv
+    assert argv[argv.index("--dir") + 1] == str(work)
+    assert argv[-4:] == ["Write", "42", "to", "answer.txt"]
+
+
+def test_kilo_without_step_limit_sets_no_steps(tmp_path: Path) -> None:
+    _home, _work, env, _argv = build(get_harness("kilo"), tmp_path, OPENAI_CHAT, step_limit=None)
+    cfg = json.loads(Path(env["KILO_CONFIG"]).read_text())
+    assert cfg["agent"][cfg["default_agent"]] == {}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "provider", "base"),
+    [
+        (OPENAI_CHAT, "generic-chat-completion-api", BASE + "/v1"),
+        (OPENAI_RESPONSES, "openai", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic", BASE),
+    ],
+)
+def test_droid_custom_model(fmt: str, provider: str, base: str, tmp_path: Path) -> None:
+    h = get_harness("droid")
+    home, work, env, argv = build(h, tmp_path, fmt)
+    settings = json.loads((home / ".factory" / "settings.json").read_text())
+    (custom,) = settings["customModels"]
+    assert custom["provider"] == provider and custom["baseUrl"] == base
+    assert custom["apiKey"] == KEY and custom["model"] == MODEL
+    assert settings["autoUpdateEnabled"] is False
+    # Airgap mode: no Factory API (login, org settings, cloud sync, feature flags, telemetry).
+    assert env["FACTORY_AIRGAP_ENABLED"] == "true"
+    assert argv[1] == "exec" and argv[argv.index("-m") + 1] == f"custom:{MODEL}"
+    assert argv[argv.index("--auto") + 1] == "high"
+    assert "Execute" in argv[argv.index("--only-tools") + 1].split(",")
+    assert argv[argv.index("--cwd") + 1] == str(work)
+    # The platform binary is pinned next to the wrapper (the wrapper's own version has none).
+    assert h.install_requirements() == ["@factory/cli@0.225.1", "@factory/cli-linux-x64@0.225.2"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "prefix", "key_var", "base_var", "base"),
+    [
+        (OPENAI_CHAT, "openai", "OPENAI_API_KEY", "OPENAI_API_BASE", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_API_BASE", BASE),
+    ],
+)
+def test_aider_litellm_wiring(
+    fmt: str, prefix: str, key_var: str, base_var: str, base: str, tmp_path: Path
+) -> None:
+    h = get_harness("aider")
+    home, _work, env, argv = build(h, tmp_path, fmt)
+    assert env[key_var] == KEY and env[base_var] == base
+    assert argv[argv.index("--model") + 1] == f"{prefix}/{MODEL}"
+    assert argv[argv.index("--edit-format") + 1] == "whole"
+    assert {"--yes-always", "--no-git", "--no-check-update", "--analytics-disable"} <= set(argv)
+    # Local metadata for the model keeps aider from fetching litellm's price list from GitHub.
+    meta = json.loads(Path(argv[argv.index("--model-metadata-file") + 1]).read_text())
+    assert meta[f"{prefix}/{MODEL}"]["litellm_provider"] == prefix
+    assert h.actions_in_text is True
+
+
+def test_aider_counts_applied_edits_from_its_chat_history(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "aider.chat.history.md").write_text(
+        "\n# aider chat started at 2026-12-02 02:20:22\n\n> Aider v0.86.2  \n\n"
+        "#### Write 42 to answer.txt  \n\nI will write it.\n\nanswer.txt\n```\n42\n```\n\n"
+        "> Tokens: 610 sent, 15 received.  \n> answer.txt  \n> Applied edit to answer.txt  \n"
+        "> Applied edit to notes.md  \n"
+    )
+    out = get_harness("aider").parse_outputs(tmp_path)
+    assert out.native_tool_calls == 2
+    assert out.final_text is not None and out.final_text.startswith("I will write it.")
+    assert get_harness("aider").parse_outputs(tmp_path / "missing").native_tool_calls is None
+
+
 def test_hyphenated_names_resolve_and_unknown_name_is_clear() -> None:
     assert get_harness("mistral-vibe").name == "mistral_vibe"
     with pytest.raises(HarnessConfigError, match="known harnesses"):

@@ -1,0 +1,151 @@
+"""GitHub Copilot CLI (``@github/copilot``): Chat, Responses or Messages through its BYOK provider.
+
+``COPILOT_PROVIDER_BASE_URL`` switches the CLI to a custom provider ("bring your own key"): no
+GitHub login, and with ``COPILOT_OFFLINE=true`` no GitHub traffic at all (authentication,
+telemetry, GitHub MCP server, web tools and auto-update off). ``COPILOT_PROVIDER_TYPE`` picks the
+client (``openai`` or ``anthropic``) and ``COPILOT_PROVIDER_WIRE_API`` the OpenAI format
+(``completions`` or ``responses``).
+
+The npm package holds a native single-executable binary that unpacks its JavaScript (~235 MB)
+into a package cache on first start; the install step unpacks it once into the install directory
+(``COPILOT_SEA_EXTRACT_ONLY``), so attempts with a fresh HOME do not each unpack it again.
+
+Not covered: a step limit (the CLI has none; ``--max-autopilot-continues`` counts continuation
+messages of autopilot mode, ``--max-ai-credits`` GitHub billing units), the WebSocket transport
+for Responses (``COPILOT_PROVIDER_TRANSPORT=websockets``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fineenvs.harnesses.base import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    Harness,
+    Outputs,
+    iter_json_lines,
+    node_bin_dir,
+    read_text,
+    strip_v1,
+    with_v1,
+)
+
+PKG_CACHE = "pkg-cache"
+TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_MESSAGES: "anthropic"}
+
+
+class Copilot(Harness):
+    name = "copilot"
+    package = "@github/copilot"
+    registry = "npm"
+    version = "1.0.102"
+    binary = "copilot"
+    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
+    default_format = OPENAI_CHAT
+
+    def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:
+        env = {
+            "PATH": f"{node_bin_dir()}:/usr/bin:/bin",
+            "HOME": str(prefix / "install-home"),
+            "COPILOT_SEA_EXTRACT_ONLY": "1",
+            "COPILOT_PKG_CACHE_HOME": str(prefix / PKG_CACHE),
+        }
+        return [([str(prefix / "node_modules" / ".bin" / self.binary), "--binary-version"], env)]
+
+    def write_config(
+        self,
+        home: Path,
+        workdir: Path,
+        *,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+        step_limit: int | None,
+    ) -> None:
+        self.check_format(api_format)
+        # Everything is in the environment; the home only needs to exist.
+        (home / ".copilot").mkdir(parents=True, exist_ok=True)
+
+    def command(
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
+    ) -> list[str]:
+        return [
+            str(self.binary_path),
+            "-p",
+            task_prompt,
+            "--model",
+            model,
+            "--allow-all-tools",
+            "--allow-all-paths",
+            "--no-ask-user",
+            "--no-auto-update",
+            "--disable-client-telemetry",
+            "--no-custom-instructions",
+            "--disable-builtin-mcps",
+            "--output-format",
+            "json",
+            "--log-dir",
+            str(home / ".copilot" / "logs"),
+            "-C",
+            str(workdir),
+        ]
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        fmt = self.check_format(api_format)
+        env = self.base_env(home)
+        env.update(
+            {
+                "COPILOT_HOME": str(home / ".copilot"),
+                "COPILOT_PKG_CACHE_HOME": str(self.install_dir / PKG_CACHE),
+                "COPILOT_OFFLINE": "true",
+                "COPILOT_AUTO_UPDATE": "false",
+                "COPILOT_MODEL": model,
+                "COPILOT_PROVIDER_TYPE": TYPE_BY_FORMAT[fmt],
+                # The Anthropic SDK appends /v1 itself; the OpenAI clients want it in the base URL.
+                "COPILOT_PROVIDER_BASE_URL": strip_v1(base_url)
+                if fmt == ANTHROPIC_MESSAGES
+                else with_v1(base_url),
+                "COPILOT_PROVIDER_API_KEY": session_key,
+                "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
+                "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
+            }
+        )
+        if fmt != ANTHROPIC_MESSAGES:
+            env["COPILOT_PROVIDER_WIRE_API"] = "responses" if fmt == OPENAI_RESPONSES else "completions"
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+        tool_calls = 0
+        final: str | None = None
+        for ev in events:
+            data = ev.get("data")
+            if ev.get("type") != "assistant.message" or not isinstance(data, dict):
+                continue
+            requests = data.get("toolRequests")
+            tool_calls += len(requests) if isinstance(requests, list) else 0
+            content = data.get("content")
+            if isinstance(content, str) and content.strip():
+                final = content
+        return Outputs(
+            final_text=final, native_tool_calls=tool_calls if events else None, detail="--output-format json"
+        )

@@ -1,0 +1,151 @@
+"""Factory Droid (``@factory/cli``): Chat, Responses or Messages through a custom model.
+
+A ``customModels`` entry in ``~/.factory/settings.json`` names the endpoint (``baseUrl``), key and
+client: ``generic-chat-completion-api`` (OpenAI Chat), ``openai`` (OpenAI Responses) or
+``anthropic`` (Anthropic Messages). ``droid exec -m custom:<model>`` runs it headless;
+``--auto high`` lets it run shell commands without asking.
+
+The npm wrapper 0.225.1 is the newest published; the linux-x64 binary it names at the same
+version is not in the registry, so the install pins the wrapper and the binary package's newest
+release, 0.225.2, next to it (the wrapper's postinstall links whichever binary package it finds).
+``droid --version`` reports 0.225.2.
+
+Not covered: a step limit (droid exec has none), Gemini (its ``google`` provider is for Factory's
+hosted models only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fineenvs.harnesses.base import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    Harness,
+    Outputs,
+    iter_json_lines,
+    read_text,
+    strip_v1,
+    with_v1,
+    write_json,
+)
+
+PROVIDER_BY_FORMAT = {
+    OPENAI_CHAT: "generic-chat-completion-api",
+    OPENAI_RESPONSES: "openai",
+    ANTHROPIC_MESSAGES: "anthropic",
+}
+BINARY_PACKAGE = "@factory/cli-linux-x64"
+BINARY_VERSION = "0.225.2"
+TOOLS = ("Read", "LS", "Execute", "Edit", "ApplyPatch", "Grep", "Glob", "Create", "TodoWrite")
+
+
+class Droid(Harness):
+    name = "droid"
+    package = "@factory/cli"
+    registry = "npm"
+    version = "0.225.1"
+    binary = "droid"
+    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
+    default_format = OPENAI_CHAT
+    extra_requirements = (f"{BINARY_PACKAGE}@{BINARY_VERSION}",)
+
+    def write_config(
+        self,
+        home: Path,
+        workdir: Path,
+        *,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+        step_limit: int | None,
+    ) -> None:
+        fmt = self.check_format(api_format)
+        write_json(
+            home / ".factory" / "settings.json",
+            {
+                "customModels": [
+                    {
+                        "model": model,
+                        "displayName": model,
+                        # The Anthropic SDK appends /v1 itself; the OpenAI clients want it here.
+                        "baseUrl": strip_v1(base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(base_url),
+                        "apiKey": session_key,
+                        "provider": PROVIDER_BY_FORMAT[fmt],
+                        "maxOutputTokens": 8192,
+                        "maxContextLimit": 200000,
+                        "noImageSupport": True,
+                    }
+                ],
+                "autoUpdateEnabled": False,
+                "enableCustomDroids": False,
+                "includeCoAuthoredByDroid": False,
+            },
+        )
+
+    def command(
+        self,
+        task_prompt: str,
+        *,
+        home: Path,
+        workdir: Path,
+        model: str,
+        api_format: str,
+        step_limit: int | None = None,
+    ) -> list[str]:
+        return [
+            str(self.binary_path),
+            "exec",
+            "--auto",
+            "high",
+            "-m",
+            f"custom:{model}",
+            # The local coding tools; the rest (Slack, missions, connectors, web, image
+            # generation) need Factory's cloud.
+            "--only-tools",
+            ",".join(TOOLS),
+            "-o",
+            "stream-json",
+            "--cwd",
+            str(workdir),
+            task_prompt,
+        ]
+
+    def env(
+        self,
+        *,
+        home: Path,
+        workdir: Path,
+        base_url: str,
+        session_key: str,
+        model: str,
+        api_format: str,
+    ) -> dict[str, str]:
+        env = self.base_env(home)
+        env.update(
+            {
+                "FACTORY_AIRGAP_ENABLED": "true",
+                "FACTORY_DROID_AUTO_UPDATE_ENABLED": "false",
+                "FACTORY_DISABLE_KEYRING": "1",
+            }
+        )
+        return env
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+        tool_calls = sum(1 for ev in events if ev.get("type") == "tool_call")
+        final: str | None = None
+        for ev in events:
+            if ev.get("type") == "completion" and isinstance(ev.get("finalText"), str):
+                final = ev["finalText"]
+            elif (
+                ev.get("type") == "message"
+                and ev.get("role") == "assistant"
+                and isinstance(ev.get("text"), str)
+            ):
+                final = ev["text"] or final
+        return Outputs(
+            final_text=final, native_tool_calls=tool_calls if events else None, detail="-o stream-json"
+        )
