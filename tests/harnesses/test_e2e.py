@@ -126,6 +126,16 @@ def test_scripted_policy_end_to_end(
         assert c["logprobs"] == [scripted_logprob(t) for t in c["sampled_ids"]]
         assert all(lp <= 0 for lp in c["logprobs"])
 
+    if HARNESSES[name].actions_in_text:
+        # No tools on the wire (aider): the edit travelled as text, the proxy counted no tool call,
+        # and the agent's own trace counts the applied edit, unchallenged by the proxy's zero.
+        assert all(not c["response"].get("tool_calls") for c in calls)
+        assert "answer.txt" in calls[0]["response"]["content"]
+        assert result.proxy_tool_calls == 0
+        assert result.native_tool_calls == 1, _why(result)
+        assert not result.tool_calls_disagree
+        return
+
     # A shell tool call was emitted, executed, and its output came back in a later request.
     shell_calls = [
         tc
