@@ -18,7 +18,8 @@ from dialect_helpers import ENGINE_TEXT, SERVED, completion, first_tool, validat
 from fineenvs.dialects import DIALECTS, aux_route, detect
 
 RECORDS = sorted((Path(__file__).parent.parent / "fixtures" / "harness_records").glob("*.json"))
-HARNESSES = {"claude_code", "codex", "opencode", "mini_swe_agent", "hermes", "pi", "gemini_cli", "qwen_code"}
+HARNESSES = {"claude_code", "codex", "opencode", "mini_swe_agent", "hermes", "pi", "gemini_cli", "qwen_code",
+             "copilot", "kilo", "droid", "aider"}  # fmt: skip
 
 
 def _strip_prefix(path: str) -> str:
