@@ -1,4 +1,14 @@
-"""Codex (``@openai/codex``): OpenAI Responses through a custom provider in ``config.toml``."""
+"""Codex (``@openai/codex``): OpenAI Responses over its default WebSocket transport, or HTTP.
+
+Default (``transport="websocket"``): Codex's built-in ``openai`` provider with ``openai_base_url``
+pointed at the proxy, as a user would configure it. Codex then speaks the Responses WebSocket
+(``GET /v1/responses`` upgrade, ``response.create`` frames, incremental input after a warm-up;
+served by :mod:`fineenvs.proxy.websocket`) and keeps HTTPS only as its fallback. The key goes in
+``CODEX_API_KEY``, which ``codex exec`` reads for the built-in provider.
+
+``transport="http"``: a custom provider (``model_providers.fineenvs``, ``wire_api = "responses"``),
+which never tries the WebSocket and posts every turn with its full history.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,7 @@ from pathlib import Path
 from fineenvs.harnesses.base import (
     OPENAI_RESPONSES,
     Harness,
+    HarnessConfigError,
     Outputs,
     iter_json_lines,
     read_text,
@@ -15,6 +26,9 @@ from fineenvs.harnesses.base import (
 )
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
+# codex exec's own variable for the built-in provider's API key.
+CODEX_KEY_ENV = "CODEX_API_KEY"
+TRANSPORTS = ("websocket", "http")
 
 
 def _toml_str(value: str) -> str:
@@ -31,6 +45,13 @@ class Codex(Harness):
     api_formats = (OPENAI_RESPONSES,)
     default_format = OPENAI_RESPONSES
 
+    def __init__(self, transport: str = "websocket") -> None:
+        if transport not in TRANSPORTS:
+            raise HarnessConfigError(
+                f"codex transport {transport!r} is unknown: use one of {', '.join(TRANSPORTS)}"
+            )
+        self.transport = transport
+
     def write_config(
         self,
         home: Path,
@@ -43,15 +64,31 @@ class Codex(Harness):
         step_limit: int | None,
     ) -> None:
         self.check_format(api_format)
-        # A custom provider (not the built-in `openai`) avoids the WebSocket upgrade attempts and
-        # the OPENAI_BASE_URL env var, which codex ignores anyway.
-        text = "\n".join(
-            [
-                f"model = {_toml_str(model)}",
+        common = [
+            f"model = {_toml_str(model)}",
+            "check_for_update_on_startup = false",
+            'approval_policy = "never"',
+            'sandbox_mode = "danger-full-access"',
+        ]
+        tail = [
+            "",
+            "[analytics]",
+            "enabled = false",
+            "",
+            "[features]",
+            "plugins = false",
+            "",
+            "[history]",
+            'persistence = "none"',
+            "",
+        ]
+        if self.transport == "websocket":
+            # The built-in provider, only its base URL moved: Codex's default transport.
+            provider = [f"openai_base_url = {_toml_str(with_v1(base_url))}"]
+        else:
+            # A custom provider (not the built-in `openai`) never tries the WebSocket.
+            provider = [
                 'model_provider = "fineenvs"',
-                "check_for_update_on_startup = false",
-                'approval_policy = "never"',
-                'sandbox_mode = "danger-full-access"',
                 "",
                 "[model_providers.fineenvs]",
                 'name = "fineenvs"',
@@ -60,18 +97,8 @@ class Codex(Harness):
                 'wire_api = "responses"',
                 "request_max_retries = 1",
                 "stream_max_retries = 1",
-                "",
-                "[analytics]",
-                "enabled = false",
-                "",
-                "[features]",
-                "plugins = false",
-                "",
-                "[history]",
-                'persistence = "none"',
-                "",
             ]
-        )
+        text = "\n".join([*common, *provider, *tail])
         path = home / ".codex" / "config.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -108,7 +135,8 @@ class Codex(Harness):
         api_format: str,
     ) -> dict[str, str]:
         env = self.base_env(home)
-        env.update({"CODEX_HOME": str(home / ".codex"), KEY_ENV: session_key})
+        key_env = CODEX_KEY_ENV if self.transport == "websocket" else KEY_ENV
+        env.update({"CODEX_HOME": str(home / ".codex"), key_env: session_key})
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:

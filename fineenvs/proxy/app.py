@@ -10,8 +10,9 @@ never recorded; streaming replies with keep-alives while the engine works; every
 flushed to disk before its reply is sent, by a task that a client disconnect cannot cancel.
 Sessions sharded over several processes: ``fineenvs.proxy.workers`` (``serve --workers N``).
 
-What is not covered: the Responses WebSocket transport (codex falls back to HTTPS), per-session
-engines, TLS (bind loopback or put a TLS terminator in front).
+The Responses WebSocket transport (codex's default) is :mod:`fineenvs.proxy.websocket`.
+
+What is not covered: per-session engines, TLS (bind loopback or put a TLS terminator in front).
 """
 
 from __future__ import annotations
@@ -613,4 +614,9 @@ class _ModelCallsFirst:
                     )
                 await response(scope, receive, send)
                 return
+        elif scope["type"] == "websocket":
+            from fineenvs.proxy.websocket import serve_websocket
+
+            await serve_websocket(self.proxy, scope, receive, send)
+            return
         await self.app(scope, receive, send)

@@ -141,6 +141,8 @@ def _inside(args: argparse.Namespace) -> int:
         "exit_reason": result.exit_reason,
         "answer": result.answer,
         "model_calls": len(calls),
+        "transports": dict(Counter(str(c.get("transport", "http")) for c in calls)),
+        "duration_s": result.duration_s,
         "dns_names": dict(sorted(dns.names.items())),
         "attempt_dir": str(tmp / "attempt") if args.keep else None,
     }

@@ -107,18 +107,33 @@ def test_claude_code_wiring(tmp_path: Path) -> None:
     assert "Bash" in settings["permissions"]["allow"]
 
 
-def test_codex_wiring(tmp_path: Path) -> None:
-    home, _w, env, argv = build(get_harness("codex"), tmp_path, OPENAI_RESPONSES)
+def test_codex_default_transport_is_the_built_in_provider(tmp_path: Path) -> None:
+    h = get_harness("codex")
+    home, _w, env, argv = build(h, tmp_path, OPENAI_RESPONSES)
     cfg = tomllib.loads((home / ".codex" / "config.toml").read_text())
-    provider = cfg["model_providers"][cfg["model_provider"]]
-    assert cfg["model_provider"] != "openai"
-    assert provider["base_url"] == BASE + "/v1"
-    assert provider["wire_api"] == "responses"
-    assert env[provider["env_key"]] == KEY
+    # No custom provider: the built-in `openai` one, only its base URL moved (Codex then speaks
+    # the Responses WebSocket, with HTTPS as its fallback).
+    assert "model_provider" not in cfg and "model_providers" not in cfg
+    assert cfg["openai_base_url"] == BASE + "/v1"
+    assert env["CODEX_API_KEY"] == KEY
     assert cfg["analytics"]["enabled"] is False
     assert cfg["check_for_update_on_startup"] is False
     assert env["CODEX_HOME"] == str(home / ".codex")
     assert argv[1:3] == ["exec", "--json"]
+
+
+def test_codex_http_transport_uses_a_custom_provider(tmp_path: Path) -> None:
+    from fineenvs.harnesses.codex import Codex
+
+    home, _w, env, _argv = build(Codex(transport="http"), tmp_path, OPENAI_RESPONSES)
+    cfg = tomllib.loads((home / ".codex" / "config.toml").read_text())
+    provider = cfg["model_providers"][cfg["model_provider"]]
+    assert cfg["model_provider"] != "openai" and "openai_base_url" not in cfg
+    assert provider["base_url"] == BASE + "/v1"
+    assert provider["wire_api"] == "responses"
+    assert env[provider["env_key"]] == KEY and "CODEX_API_KEY" not in env
+    with pytest.raises(HarnessConfigError, match="transport 'grpc' is unknown"):
+        Codex(transport="grpc")
 
 
 @pytest.mark.parametrize(

@@ -205,3 +205,36 @@ def test_scripted_policy_in_bwrap_sandbox(
     assert rollout["calls"] and all(
         (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in rollout["calls"]
     )
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+def test_codex_transports(
+    transport: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+) -> None:
+    """Codex on its default transport (the Responses WebSocket of its built-in provider) and on
+    HTTP (a custom provider): every call over the expected transport (a failed upgrade would
+    show as HTTP calls after Codex's ~6 s of retries)."""
+    from fineenvs.harnesses.codex import Codex
+
+    _require_installed("codex")
+    engine, proxy = scripted_stack
+    session = proxy.new_session(harness="codex", max_model_calls=12)
+    result = run_attempt(
+        Codex(transport=transport),
+        task_prompt=TASK,
+        input_files={},
+        attempt_dir=tmp_path / "attempt",
+        base_url=session["base_url"],
+        session_key=session["key"],
+        model=MODEL,
+        timeout_seconds=TIMEOUT_S,
+        proxy_stats=lambda: proxy_stats_from_rollout(proxy.rollout(session["session_id"])),
+    )
+    calls = proxy.rollout(session["session_id"])["calls"]
+    assert result.exit_reason == "finished" and result.answer == ANSWER, _why(result)
+    assert [c.get("transport", "http") for c in calls] == [transport] * len(calls)
+    assert len(calls) == 2 and not result.tool_calls_disagree
+    for c in calls:
+        assert (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies
+    later_tool_output = _tool_texts(calls[1]["request"]["messages"])
+    assert TOOL_MARKER in later_tool_output
