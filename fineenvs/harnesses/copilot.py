@@ -10,9 +10,12 @@ The npm package holds a native single-executable binary that unpacks its JavaScr
 into a package cache on first start; the install step unpacks it once into the install directory
 (``COPILOT_SEA_EXTRACT_ONLY``), so attempts with a fresh HOME do not each unpack it again.
 
+``Copilot(transport="websocket")`` sends Responses over the Responses WebSocket
+(``COPILOT_PROVIDER_TRANSPORT=websockets``, served by :mod:`fineenvs.proxy.websocket`); the
+default is the CLI's own, HTTP.
+
 Not covered: a step limit (the CLI has none; ``--max-autopilot-continues`` counts continuation
-messages of autopilot mode, ``--max-ai-credits`` GitHub billing units), the WebSocket transport
-for Responses (``COPILOT_PROVIDER_TRANSPORT=websockets``).
+messages of autopilot mode, ``--max-ai-credits`` GitHub billing units).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    HarnessConfigError,
     Outputs,
     iter_json_lines,
     node_bin_dir,
@@ -44,6 +48,20 @@ class Copilot(Harness):
     binary = "copilot"
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
     default_format = OPENAI_CHAT
+
+    def __init__(self, transport: str = "http") -> None:
+        if transport not in ("http", "websocket"):
+            raise HarnessConfigError(f"copilot transport {transport!r} is unknown: use http or websocket")
+        self.transport = transport
+
+    def check_format(self, api_format: str) -> str:
+        fmt = super().check_format(api_format)
+        if self.transport == "websocket" and fmt != OPENAI_RESPONSES:
+            raise HarnessConfigError(
+                f"copilot speaks {fmt} over HTTP only: its WebSocket transport carries Responses; "
+                "set api_format=openai_responses or use the http transport"
+            )
+        return fmt
 
     def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:
         env = {
@@ -131,6 +149,8 @@ class Copilot(Harness):
         )
         if fmt != ANTHROPIC_MESSAGES:
             env["COPILOT_PROVIDER_WIRE_API"] = "responses" if fmt == OPENAI_RESPONSES else "completions"
+        if self.transport == "websocket":
+            env["COPILOT_PROVIDER_TRANSPORT"] = "websockets"
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:

@@ -257,6 +257,20 @@ def test_copilot_byok_provider(fmt: str, ptype: str, wire: str | None, base: str
     assert argv[argv.index("--output-format") + 1] == "json"
 
 
+def test_copilot_websocket_transport_is_responses_only(tmp_path: Path) -> None:
+    from fineenvs.harnesses.copilot import Copilot
+
+    h = Copilot(transport="websocket")
+    _home, _work, env, _argv = build(h, tmp_path, OPENAI_RESPONSES)
+    assert env["COPILOT_PROVIDER_TRANSPORT"] == "websockets"
+    assert env["COPILOT_PROVIDER_WIRE_API"] == "responses"
+    assert "COPILOT_PROVIDER_TRANSPORT" not in get_harness("copilot").env(
+        home=tmp_path, workdir=tmp_path, base_url=BASE, session_key=KEY, model=MODEL, api_format=OPENAI_CHAT
+    )
+    with pytest.raises(HarnessConfigError, match="WebSocket transport carries Responses"):
+        h.check_format(OPENAI_CHAT)
+
+
 def test_copilot_unpacks_its_package_at_install(tmp_path: Path) -> None:
     ((argv, env),) = get_harness("copilot").post_install(tmp_path)
     assert argv == [str(tmp_path / "node_modules" / ".bin" / "copilot"), "--binary-version"]

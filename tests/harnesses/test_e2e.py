@@ -238,3 +238,31 @@ def test_codex_transports(
         assert (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies
     later_tool_output = _tool_texts(calls[1]["request"]["messages"])
     assert TOOL_MARKER in later_tool_output
+
+
+def test_copilot_responses_over_websocket(
+    scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+) -> None:
+    """Copilot CLI's own Responses WebSocket client (COPILOT_PROVIDER_TRANSPORT=websockets)."""
+    from fineenvs.harnesses.copilot import Copilot
+
+    _require_installed("copilot")
+    engine, proxy = scripted_stack
+    session = proxy.new_session(harness="copilot", max_model_calls=12)
+    result = run_attempt(
+        Copilot(transport="websocket"),
+        task_prompt=TASK,
+        input_files={},
+        attempt_dir=tmp_path / "attempt",
+        base_url=session["base_url"],
+        session_key=session["key"],
+        model=MODEL,
+        api_format="openai_responses",
+        timeout_seconds=TIMEOUT_S,
+        proxy_stats=lambda: proxy_stats_from_rollout(proxy.rollout(session["session_id"])),
+    )
+    calls = proxy.rollout(session["session_id"])["calls"]
+    assert result.exit_reason == "finished" and result.answer == ANSWER, _why(result)
+    assert calls and [c.get("transport") for c in calls] == ["websocket"] * len(calls)
+    assert all((tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in calls)
+    assert TOOL_MARKER in "\n".join(_tool_texts(c["request"]["messages"]) for c in calls[1:])
