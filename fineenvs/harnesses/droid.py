@@ -10,8 +10,8 @@ version is not in the registry, so the install pins the wrapper and the binary p
 release, 0.225.2, next to it (the wrapper's postinstall links whichever binary package it finds).
 ``droid --version`` reports 0.225.2.
 
-Not covered: a step limit (droid exec has none), Gemini (its ``google`` provider is for Factory's
-hosted models only).
+Not covered: a step limit (droid exec has none), Gemini (a custom model with ``provider:
+"google"`` is refused when the settings load: "Unsupported custom model provider").
 """
 
 from __future__ import annotations
