@@ -91,6 +91,43 @@ def test_failed_install_leaves_nothing_behind(cache: Path, monkeypatch: pytest.M
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
 
 
+class TinyNpmWithPostInstall(TinyNpm):
+    """Writes a file into the prefix after install (as Copilot CLI unpacks its package there)."""
+
+    fail = False
+
+    def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:
+        script = "exit 3" if self.fail else f'echo unpacked > "{prefix}/unpacked.txt"'
+        return [(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"})]
+
+
+def _fake_npm(h: Harness, tmp: Path, log: Path) -> None:
+    (tmp / "node_modules" / ".bin").mkdir(parents=True)
+    (tmp / "node_modules" / ".bin" / h.binary).write_text("#!/bin/sh\n")
+
+
+def test_post_install_runs_in_the_prefix_before_it_is_renamed(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = TinyNpmWithPostInstall()
+    monkeypatch.setattr(inst, "_install_into", _fake_npm)
+    inst.install(h, echo=lambda s: None)
+    assert (h.install_dir / "unpacked.txt").read_text() == "unpacked\n"
+    assert "$ /bin/sh -c" in inst.log_path(h).read_text()
+
+
+def test_failed_post_install_fails_the_install_and_leaves_nothing(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = TinyNpmWithPostInstall()
+    h.fail = True
+    monkeypatch.setattr(inst, "_install_into", _fake_npm)
+    with pytest.raises(inst.InstallError, match="exit 3"):
+        inst.install(h, echo=lambda s: None)
+    assert not h.install_dir.exists()
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+
+
 def test_every_pinned_version_is_exact() -> None:
     for h in HARNESSES.values():
         assert h.version and h.version[0].isdigit() and not any(c in h.version for c in "^~<>*x "), h.name
