@@ -153,10 +153,13 @@ class ResponsesSocket:
                 return
             raw = message.get("text")
             raw_bytes = raw.encode() if isinstance(raw, str) else message.get("bytes") or b""
+            self.proxy.inflight += 1  # a request, as on HTTP; an idle connection is not one
             try:
                 frames = await self.handle(raw_bytes)
             except FrameError as exc:
                 frames = [error_frame(exc.status, exc.message, exc.code)]
+            finally:
+                self.proxy.inflight -= 1
             for frame in frames:
                 await self.ws.send_text(orjson.dumps(frame).decode())
 
@@ -248,13 +251,11 @@ async def serve_websocket(proxy: ProxyApp, scope: Scope, receive: Receive, send:
         )
         return
     await ws.accept()
-    proxy.inflight += 1
     try:
         await ResponsesSocket(proxy, ws, path, path_key).run()
     except (WebSocketDisconnect, OSError, RuntimeError):
         pass  # the client went away; a call it was waiting for is recorded all the same
     finally:
-        proxy.inflight -= 1
         if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
             try:
                 await ws.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +273,22 @@ def test_real_proxy_process_over_a_real_socket(tmp_path: Path) -> None:
     assert "42" in json.dumps(answers[2][-1]["response"]["output"])
     assert len(calls) == 2 and {c["transport"] for c in calls} == {"websocket"}
     assert all((tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in calls)
+
+
+def test_a_client_that_leaves_mid_call_still_gets_its_call_recorded(client: tuple[TestClient, Any]) -> None:
+    c, h = client
+    s = _session(c)
+    turn = {k: v for k, v in copy.deepcopy(CLIENT_FRAMES[1]).items() if k != "previous_response_id"}
+    turn["input"].append(
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "SLOW"}]}
+    )
+    with c.websocket_connect(f"/s/{s['key']}/v1/responses", headers=HEADERS) as ws:
+        ws.send_text(json.dumps(turn))
+        ws.close()  # before the engine (0.3 s) has answered
+    deadline = time.monotonic() + 10
+    calls: list[Any] = []
+    while not calls and time.monotonic() < deadline:  # the call finishes after the client left
+        time.sleep(0.05)
+        calls = c.get(f"/sessions/{s['session_id']}/rollout").json()["calls"]
+    assert len(h.engine.requests) == 1 and len(calls) == 1
+    assert calls[0]["transport"] == "websocket" and calls[0]["sampled_ids"]
