@@ -54,11 +54,21 @@ HARNESSES: dict[str, Harness] = {
 }
 
 
+# Agents looked at and left out, with the reason (README, Agents).
+UNAVAILABLE = {
+    "crush": "@charmland/crush installs by downloading its Go binary from a GitHub release, which "
+    "this project's machines cannot reach (only PyPI, npm and Debian), and no registry ships it",
+}
+
+
 def get_harness(name: str) -> Harness:
     """The adapter for ``name`` (a clear error listing the known names otherwise)."""
     key = name.replace("-", "_")
     if key not in HARNESSES:
-        raise HarnessConfigError(f"unknown harness {name!r}; known harnesses: {', '.join(sorted(HARNESSES))}")
+        why = f"harness {name!r} has no adapter: {UNAVAILABLE[key]}" if key in UNAVAILABLE else ""
+        raise HarnessConfigError(
+            f"{why or f'unknown harness {name!r}'}; known harnesses: {', '.join(sorted(HARNESSES))}"
+        )
     return HARNESSES[key]
 
 

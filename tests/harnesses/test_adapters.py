@@ -376,6 +376,8 @@ def test_aider_counts_applied_edits_from_its_chat_history(tmp_path: Path) -> Non
 def test_hyphenated_names_resolve_and_unknown_name_is_clear() -> None:
     assert get_harness("mistral-vibe").name == "mistral_vibe"
     with pytest.raises(HarnessConfigError, match="known harnesses"):
+        get_harness("nonesuch")
+    with pytest.raises(HarnessConfigError, match="crush' has no adapter: .*GitHub release.*known harnesses"):
         get_harness("crush")
 
 
