@@ -18,12 +18,20 @@ What the expert knows:
   harness ends a task: Mini-SWE-Agent's submit command when the prompt asks for it, else a short
   final message.
 
+The expert also has a habit, as real models do: on about half of the tasks (decided by a hash of
+the question, so collection is reproducible) it first looks at the data (``head -n 3 *.csv``) and
+only then runs the solution. Its students inherit the habit as a coin flip they cannot read off
+the task, which is what the tool-call bonus of the reward can train away: on tasks a policy
+solves either way, one call earns more than two (published: RL across harnesses cut tool calls on
+co-solved tasks by 31 %).
+
 A conversation without a recognised task (an agent's title or summary call, say) gets a short
 plain answer, so the agent moves on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -38,6 +46,7 @@ _QUESTIONS = (
     ("sum", re.compile(r"What is the sum of the (\w+) column \(column (\d+)\) in (\S+\.csv)\?")),
     ("max", re.compile(r"What is the largest value in the (\w+) column \(column (\d+)\) of (\S+\.csv)\?")),
 )
+LOOK_COMMAND = "head -n 3 *.csv"
 DONE_TEXT = "The answer is in answer.txt."
 NO_TASK_TEXT = "Solving the task."
 
@@ -51,25 +60,38 @@ def _texts(message: dict[str, Any]) -> list[str]:
     return []
 
 
-def solution_command(messages: list[dict[str, Any]]) -> str | None:
-    """The shell command that solves the task stated in the conversation's user messages."""
+def _question(messages: list[dict[str, Any]]) -> tuple[str, re.Match[str]] | None:
     for message in messages:
         if message.get("role") != "user":
             continue
         for text in _texts(message):
             for template, pattern in _QUESTIONS:
                 match = pattern.search(text)
-                if match is None:
-                    continue
-                if template == "rows":
-                    return "tail -n +2 *.csv | wc -l > answer.txt"
-                n = match.group(2)
-                if template == "sum":
-                    return f"awk -F, 'NR>1{{s+=${n}}}END{{print s}}' *.csv > answer.txt"
-                # Not an awk variant of the sum command: the three commands differ from their first
-                # word, so that which one a question needs is one early choice for the student.
-                return f"cut -d, -f{n} *.csv | sort -n | tail -1 > answer.txt"
+                if match is not None:
+                    return template, match
     return None
+
+
+def looks_first(messages: list[dict[str, Any]]) -> bool:
+    """Whether the expert looks at the data before solving this conversation's task."""
+    found = _question(messages)
+    return found is not None and hashlib.sha256(found[1].group(0).encode()).digest()[0] % 2 == 0
+
+
+def solution_command(messages: list[dict[str, Any]]) -> str | None:
+    """The shell command that solves the task stated in the conversation's user messages."""
+    found = _question(messages)
+    if found is None:
+        return None
+    template, match = found
+    if template == "rows":
+        return "tail -n +2 *.csv | wc -l > answer.txt"
+    n = match.group(2)
+    if template == "sum":
+        return f"awk -F, 'NR>1{{s+=${n}}}END{{print s}}' *.csv > answer.txt"
+    # Not an awk variant of the sum command: the three commands differ from their first word, so
+    # that which one a question needs is one early choice for the student.
+    return f"cut -d, -f{n} *.csv | sort -n | tail -1 > answer.txt"
 
 
 def shell_tool(tools: list[dict[str, Any]] | None) -> tuple[str, str, dict[str, Any]] | None:
@@ -116,6 +138,8 @@ def expert_reply(
     name, key, _ = tool
     prompt_text = "\n".join(t for m in messages for t in _texts(m))
     if not _ran(messages, command):
+        if looks_first(messages) and not _ran(messages, LOOK_COMMAND):
+            return render_tool_call(fmt, name, {key: LOOK_COMMAND})
         return render_tool_call(fmt, name, {key: command})
     if SUBMIT in prompt_text and not _ran(messages, f"echo {SUBMIT}"):
         return render_tool_call(fmt, name, {key: f"echo {SUBMIT}"})

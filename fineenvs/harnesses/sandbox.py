@@ -25,7 +25,8 @@ Two modes:
 * bwrap (``use_bwrap=True``): additionally a read-only view of the host's root, a private /tmp,
   writable only the attempt folder and the working directory, new PID/IPC/UTS namespaces and a
   private network namespace that has only loopback; the proxy's host:port is reachable inside through a Unix-socket bridge, nothing
-  else is.
+  else is. HOME and the working directory appear at fixed paths (``/tmp/home``, ``/tmp/work``),
+  so every attempt of a harness sends the same prompt up to its task (``SANDBOX_HOME``).
 """
 
 from __future__ import annotations
@@ -196,6 +197,16 @@ def neutral_workdir() -> Path:
         return path
 
 
+# Where HOME and the working directory appear inside a bwrap sandbox: the same for every attempt,
+# as in a container. Agents write both into their prompts (Claude Code's memory folder 500 tokens
+# into a 20k-token system prompt, Codex's skill roots, every agent's working directory), so with
+# per-attempt paths no two attempts share more than that opening, and the engine's prefix cache
+# and prefix-shared training have nothing to share; with fixed ones, the attempts of a harness send
+# the same tokens up to the task.
+SANDBOX_HOME = Path("/tmp/home")
+SANDBOX_WORK = Path("/tmp/work")
+
+
 def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
     from fineenvs.harnesses.netbridge import UnixToTcp
 
@@ -217,9 +228,11 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
         *_keep_under_tmp(),
         "--bind", str(attempt_dir), str(attempt_dir),
         "--bind", str(workdir), str(workdir),
+        "--bind", str(attempt_dir / "home"), str(SANDBOX_HOME),
+        "--bind", str(workdir), str(SANDBOX_WORK),
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
-        "--chdir", str(workdir),
+        "--chdir", str(SANDBOX_WORK),
         sys.executable if Path(sys.executable).exists() else "python3",
         "-I", str(Path(__file__).with_name("netbridge.py")), str(port), str(sock), "--",
         *argv,
@@ -329,11 +342,19 @@ def _run_in(
         api_format=fmt,
         step_limit=step_limit,
     )
+    # Config files are written where they live on the host; the command line and the environment
+    # name the paths the agent sees (fixed ones inside bwrap, the same folders mounted there).
+    seen_home, seen_work = (SANDBOX_HOME, SANDBOX_WORK) if use_bwrap else (home, workdir)
     argv = harness.command(
-        task_prompt, home=home, workdir=workdir, model=model, api_format=fmt, step_limit=step_limit
+        task_prompt, home=seen_home, workdir=seen_work, model=model, api_format=fmt, step_limit=step_limit
     )
     env = harness.env(
-        home=home, workdir=workdir, base_url=base_url, session_key=session_key, model=model, api_format=fmt
+        home=seen_home,
+        workdir=seen_work,
+        base_url=base_url,
+        session_key=session_key,
+        model=model,
+        api_format=fmt,
     )
     marker = uuid.uuid4().hex
     env[MARKER_ENV] = marker

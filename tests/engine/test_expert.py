@@ -11,9 +11,18 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from fineenvs.engine.expert import DONE_TEXT, SUBMIT, expert_reply, render_tool_call, solution_command
+from fineenvs.engine.expert import (
+    DONE_TEXT,
+    LOOK_COMMAND,
+    SUBMIT,
+    expert_reply,
+    looks_first,
+    render_tool_call,
+    solution_command,
+)
 from fineenvs.engine.server import create_engine_app
 from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, parse_tool_calls
+from fineenvs.tasks.mini import split_specs
 
 QUESTION = (
     "What is the sum of the mass column (column 3) in wines.csv?\n\nData files in your working directory: "
@@ -81,6 +90,29 @@ def test_other_harnesses_end_with_a_message_and_codex_gets_its_cmd_argument() ->
         expert_reply([{"role": "user", "content": "Write a title for this chat"}], BASH, "hermes")
         != DONE_TEXT
     )
+
+
+def test_on_about_half_the_tasks_the_expert_looks_at_the_data_first() -> None:
+    """The habit the tool-call bonus can train away: look (head), then solve, then end."""
+    looking = "What is the sum of the mass column (column 2) in kites.csv?"
+    direct = "How many data rows does vans.csv have?"
+    assert looks_first([{"role": "user", "content": looking}])
+    assert not looks_first([{"role": "user", "content": direct}])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": looking}]
+    first = _call(expert_reply(messages, BASH, "hermes"), BASH)
+    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"command": LOOK_COMMAND}
+    messages += [first, {"role": "tool", "tool_call_id": "x", "content": "id,mass\n1,210\n2,250"}]
+    second = _call(expert_reply(messages, BASH, "hermes"), BASH)
+    assert json.loads(second["tool_calls"][0]["function"]["arguments"]) == {
+        "command": solution_command(messages)
+    }
+    messages += [second, {"role": "tool", "tool_call_id": "y", "content": ""}]
+    assert expert_reply(messages, BASH, "hermes") == DONE_TEXT
+    # decided by the question alone (reproducible), about half of every split
+    for split in ("train", "eval"):
+        specs = split_specs(split)
+        share = sum(looks_first([{"role": "user", "content": s.question}]) for s in specs) / len(specs)
+        assert 0.3 <= share <= 0.7, (split, share)
 
 
 def test_expert_policy_serves_through_the_engine_path(tiny_qwen_dir: Path) -> None:

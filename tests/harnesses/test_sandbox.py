@@ -298,3 +298,23 @@ def test_agent_that_cannot_start_is_a_crash(tmp_path: Path) -> None:
         timeout_seconds=5,
     )
     assert result.exit_reason == "crashed" and "could not start" in result.detail
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
+def test_bwrap_attempts_see_the_same_fixed_home_and_workdir(tmp_path: Path) -> None:
+    # Agents write HOME and the working directory into their prompts: in bwrap every attempt must
+    # see the same ones (so attempts share their prompt up to the task), backed by its own folders.
+    script = (
+        'echo "$PWD $HOME $TMPDIR"; cat "$HOME/agent.conf"; echo mine > "$HOME/note.txt"; echo 7 > answer.txt'
+    )
+    seen = []
+    for name in ("a", "b"):
+        result = _run(tmp_path, script, attempt_dir=tmp_path / name, use_bwrap=True)
+        assert result.exit_reason == "finished", (tmp_path / name / "stderr.txt").read_text()
+        assert result.answer == "7"
+        seen.append((tmp_path / name / "stdout.txt").read_text().splitlines())
+        assert (tmp_path / name / "home" / "note.txt").read_text() == "mine\n"
+        assert (tmp_path / name / "work" / "answer.txt").read_text() == "7\n"
+    assert seen[0] == seen[1]
+    assert seen[0][0] == "/tmp/work /tmp/home /tmp/home/tmp"
+    assert seen[0][1] == "url=http://127.0.0.1:9/s/k"  # the config written on the host is read inside
