@@ -303,6 +303,10 @@ class SFTSpec:
     """job=sft: output directory of the ``job=collect_teacher`` run whose kept sessions are trained on."""
     max_rollouts_per_harness: int | None = None
     """job=sft: at most this many kept rollouts per harness (the first by task id); None keeps all."""
+    merge_turns: bool = False
+    """job=sft: one example per rollout (its turns' contexts extend each other) instead of one per
+    assistant turn (published): the same supervised tokens in the same contexts, each context
+    forwarded once; the loss mean is then per rollout, not per turn (fineenvs.train.sft.merge_turns)."""
     save_steps: int = 50
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True

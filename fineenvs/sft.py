@@ -472,7 +472,14 @@ def run_sft(run: RunConfig) -> float | None:
     from transformers import AutoTokenizer
 
     from fineenvs.logging import MetricLogger
-    from fineenvs.train.sft import SFTSettings, StudentRenderer, build_sft_examples, train_sft, write_examples
+    from fineenvs.train.sft import (
+        SFTSettings,
+        StudentRenderer,
+        build_sft_examples,
+        merge_turns,
+        train_sft,
+        write_examples,
+    )
 
     harnesses = list(run.harness)
     available = sorted({s.harness for s in sessions})
@@ -495,6 +502,9 @@ def run_sft(run: RunConfig) -> float | None:
         max_length=t.max_length,
         drop_auxiliary=run.rows.drop_auxiliary,
     )
+    turns = len(examples)
+    if t.merge_turns:
+        examples = merge_turns(examples)
     data_dir = out / "sft_dataset"
     write_examples(data_dir / "examples.jsonl", examples)
     dataset_info = {
@@ -503,11 +513,13 @@ def run_sft(run: RunConfig) -> float | None:
         "student_model": run.model.path,
         "harnesses": harnesses,
         "rerendered": True,
+        "turns": turns,
+        "merged_turns": t.merge_turns,
         **stats.to_json(),
     }
     (data_dir / "dataset.json").write_text(json.dumps(dataset_info, indent=2))
     print(
-        f"SFT dataset: {len(examples)} examples from {sum(stats.sessions.values())} teacher rollouts "
+        f"SFT dataset: {len(examples)} examples ({turns} assistant turns) from {sum(stats.sessions.values())} teacher rollouts "
         f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
         flush=True,
     )

@@ -24,6 +24,7 @@ generation config) that the embedded engine, vLLM and the evaluation job load as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections import Counter
@@ -275,6 +276,39 @@ def build_sft_examples(
         examples += got
     stats.skipped = dict(skipped)
     return examples, stats
+
+
+def merge_turns(examples: Sequence[SFTExample]) -> list[SFTExample]:
+    """One example per chain of turns whose contexts extend each other (the same supervised tokens
+    in the same contexts, each context forwarded once instead of once per later turn).
+
+    A turn joins the previous example of its session when that example's tokens (prompt and
+    supervised turn) are exactly a prefix of the turn's own; the merged example is the longer one
+    with every earlier turn's supervised positions kept. A session whose agent rewrote its history
+    (Claude Code) keeps a new example where the prefix breaks. What changes is the weighting: TRL
+    averages the loss over the supervised tokens of a micro-batch, so a merged rollout's turns share
+    one mean instead of one mean each.
+    """
+    out: list[SFTExample] = []
+    for e in examples:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.session_id == e.session_id
+            and len(e.input_ids) > len(last.input_ids)
+            and e.input_ids[: len(last.input_ids)] == last.input_ids
+        ):
+            masks = list(last.assistant_masks) + e.assistant_masks[len(last.assistant_masks) :]
+            out[-1] = dataclasses.replace(
+                e,
+                assistant_masks=masks,
+                call_id=f"{last.call_id}+{e.call_id}",
+                turn=last.turn,
+                completion_tokens=last.completion_tokens + e.completion_tokens,
+            )
+        else:
+            out.append(e)
+    return out
 
 
 def write_examples(path: Path, examples: Sequence[SFTExample]) -> None:

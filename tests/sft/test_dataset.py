@@ -181,3 +181,39 @@ def test_student_is_rendered_with_its_serving_template() -> None:
     prompt, completion = renderer.render_turn([SYSTEM, USER, TURN1, TOOL_RESULT], TOOLS, TURN2)
     assert tok.decode(prompt, skip_special_tokens=False).endswith("<|im_start|>assistant\n<think></think>")
     assert tok.decode(completion, skip_special_tokens=False) == "The highest age is 64.<|im_end|>"
+
+
+def test_merged_turns_supervise_the_same_tokens_in_the_same_contexts(
+    student: tuple[str, Any], teacher_tok: Any
+) -> None:
+    """merge_turns: each chain of extending contexts becomes one example whose supervised tokens,
+    with their contexts, are exactly those of the per-turn examples; a break starts a new one."""
+    from fineenvs.train.sft import merge_turns
+
+    name, tok = student
+    per_turn = session_examples(_session(teacher_tok), StudentRenderer(tok), max_length=100_000)
+    other = session_examples(_session(teacher_tok, sid="s2"), StudentRenderer(tok), max_length=100_000)
+    merged = merge_turns([*per_turn, *other])
+    if name == "tiny_qwen":
+        assert len(merged) < len(per_turn) + len(other)
+        assert sum(len(e.input_ids) for e in merged) < sum(len(e.input_ids) for e in per_turn + other)
+    else:
+        # LFM2.5's generation prompt opens a closed think block that history turns do not carry, and
+        # Qwen3.5 drops past turns' thinking: a turn's context never extends the previous example.
+        assert len(merged) == len(per_turn) + len(other)
+    assert {e.session_id for e in merged} == {"s1", "s2"}  # never across sessions
+
+    def supervised(examples: list[Any]) -> set[tuple[int, ...]]:
+        # each supervised token with its whole context: (position, context ids..., token)
+        return {
+            (i, *e.input_ids[: i + 1]) for e in examples for i, bit in enumerate(e.assistant_masks) if bit
+        }
+
+    assert supervised(merged) == supervised([*per_turn, *other])
+    assert sum(e.completion_tokens for e in merged) == sum(e.completion_tokens for e in per_turn + other)
+    # a context that does not extend the previous example's tokens is not merged into it
+    broken = [
+        per_turn[0],
+        type(per_turn[1])(**{**per_turn[1].__dict__, "input_ids": [0, *per_turn[1].input_ids[1:]]}),
+    ]
+    assert len(merge_turns(broken)) == 2
