@@ -102,6 +102,11 @@ class ImportanceSampling(enum.Enum):
     mask = "mask"  # drop tokens whose ratio leaves [1/clip, clip]
 
 
+class PrefixSharing(enum.Enum):
+    shared = "shared"  # each token prefix the step's rows share is forwarded and backpropagated once
+    padded = "padded"  # every row alone, in right-padded micro-batches (same loss and gradient)
+
+
 class SharedPrefix(enum.Enum):
     per_row = "per_row"  # published: shared sampled tokens count once in every row holding them
     once = "once"  # counted in the first row only
@@ -286,6 +291,10 @@ class GRPOSpec:
     eval_steps: int = 100
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True
+    prefix_sharing: PrefixSharing = PrefixSharing.shared
+    """``shared``: the prefixes the step's rows share (an attempt's history, a group's prompt) are
+    computed once, branches continuing from their state (``fineenvs.train.shared``); ``padded``:
+    every row from its first token. Equal gradients; one process only (under several, padded)."""
 
 
 @dataclass

@@ -75,6 +75,7 @@ def trainer_settings(run: RunConfig) -> Any:
         optim=t.optim,
         dtype=t.dtype,
         gradient_checkpointing=t.gradient_checkpointing,
+        prefix_sharing=t.prefix_sharing.value,
         seed=run.seed,
         token_budget=t.token_budget,
         max_completion_length=t.max_completion_length,

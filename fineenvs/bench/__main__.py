@@ -1,4 +1,4 @@
-"""``python -m fineenvs.bench {engine|proxy|tree|gpu} [args]``: benchmarks that print their figures."""
+"""``python -m fineenvs.bench {engine|proxy|tree|gpu|trainer} [args]``: benchmarks that print their figures."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ BENCHES = {
     "proxy": "fineenvs.bench.proxy",
     "tree": "fineenvs.bench.tree",
     "gpu": "fineenvs.bench.gpu",
+    "trainer": "fineenvs.bench.trainer",
 }
 
 

@@ -23,10 +23,20 @@ default, as published (staleness is bounded by the scheduler instead). ``beta`` 
 KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (times the ratio, TRL's
 ``use_bias_correction_kl``) against the initial weights, weighted like the policy term.
 
-Hybrid models. Rows are never packed into one sequence: each micro-batch is right-padded with an
-attention mask (``batching``), so LFM2's short convolutions and Qwen3.5's linear attention never
-scan across rows, and no ``seq_idx`` plumbing is needed. TRL's ``AsyncGRPOTrainer`` refuses both
-hybrids, asserts CUDA and fetches an FA3 kernel from the Hub (measured: ``trl_compat``).
+Prefix sharing (``prefix_sharing``). ``padded``: every row is forwarded from its first token,
+right-padded in micro-batches of ``micro_batch_size`` rows (``batching``), so a prefix held by ``k``
+rows is computed ``k`` times. ``shared``: the step's rows become a token-prefix tree
+(``prefix_tree``: an attempt's forked calls, a group's prompt) and each node is forwarded and
+backpropagated once, its children continuing from its state through transformers' cache objects
+(attention keys and values, LFM2's convolution state, Qwen3.5's convolution and recurrent state;
+``shared``); TRL's loss is then taken on each row's logprobs exactly as on a padded micro-batch,
+so the loss, normalisation and weights are the padded path's (gradients equal to 1e-5, tested for
+the three tiny architectures). ``micro_batch_size`` does not apply there. Under several processes
+the step takes the padded path (data-parallel backends need the same forward passes on every
+process), with a warning. Neither path packs rows into one sequence, so LFM2's short convolutions
+and Qwen3.5's linear attention never scan across rows. TRL's ``AsyncGRPOTrainer`` packs shared
+prefixes for attention layers only: it refuses both hybrids, asserts CUDA and fetches an FA3
+kernel from the Hub (measured: ``trl_compat``).
 
 Precision. The weights, gradients and AdamW state are always float32 (16 bytes per parameter);
 ``dtype="bfloat16"`` runs the forward passes under ``torch.autocast`` in bfloat16, as TRL's
@@ -68,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +86,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fineenvs.train.batching import (
@@ -84,7 +96,9 @@ from fineenvs.train.batching import (
     resolve_normalisation,
     token_weights,
 )
+from fineenvs.train.prefix_tree import Node, PrefixTree, build_tree
 from fineenvs.train.rows import TrainRow
+from fineenvs.train.shared import SharedForward, all_positions, trained_positions
 from fineenvs.train.trl_compat import (
     CLIPPED_LOSS_TYPES,
     IMPORTANCE_SAMPLING,
@@ -92,9 +106,12 @@ from fineenvs.train.trl_compat import (
     TRL_VERSION,
     TrlLoss,
     add_fused_head,
+    token_logps,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PREFIX_SHARING = ("shared", "padded")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,6 +150,10 @@ class GRPOTrainerSettings:
     process_timeout_s: int = 6 * 3600
     """Under several processes, how long the others may wait in a collective for the main
     process (which collects rollouts between steps): torch.distributed's ``timeout``."""
+    prefix_sharing: str = "padded"
+    """``shared``: each token prefix the step's rows share is forwarded and backpropagated once
+    (``fineenvs.train.shared``); ``padded``: every row alone, in right-padded micro-batches. Same
+    loss and gradient (tested to 1e-5). The recipe (``GRPOSpec``) defaults to ``shared``."""
 
     def check(self) -> None:
         """Raise ``ValueError`` listing every bad field with the fix."""
@@ -185,14 +206,54 @@ class GRPOTrainerSettings:
             p.append(f"learning_rate={self.learning_rate} must be > 0")
         if self.beta < 0:
             p.append(f"beta={self.beta} must be >= 0")
+        if self.prefix_sharing not in PREFIX_SHARING:
+            p.append(
+                f"prefix_sharing={self.prefix_sharing!r} is not one of {PREFIX_SHARING}: 'shared' computes each "
+                "prefix the rows share once, 'padded' forwards every row alone"
+            )
         if p:
             raise ValueError("GRPOTrainerSettings: " + "; ".join(p))
+
+
+@dataclass
+class _Tally:
+    """Sums over the micro-batches (or tree nodes) of one step, for its metrics."""
+
+    loss: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_min: float = math.inf
+    ratio_max: float = -math.inf
+    n_tok: int = 0
+    clipped: float = 0.0
+    gated_out: float = 0.0
+    truncated: float = 0.0
+    entropy_sum: float = 0.0
+
+    def add(self, trainer: CapturedGRPOTrainer, out: Any, mb: MicroBatch, real: int) -> None:
+        """``out`` is TRL's loss output on ``mb``, whose first ``real`` rows are real (the rest
+        zero-weight padding for lockstep)."""
+        self.loss += float(out.loss.detach())
+        if real == 0:
+            return
+        m = mb.loss_mask > 0
+        m[real:] = False
+        ratio = torch.exp((out.logps - mb.behaviour_logps)[m])
+        self.ratio_sum += float(ratio.sum())
+        self.ratio_min = min(self.ratio_min, float(ratio.min()))
+        self.ratio_max = max(self.ratio_max, float(ratio.max()))
+        self.n_tok += int(m.sum())
+        self.clipped += float(trainer._clipped(out.logps, mb)[m].sum())
+        gate = out.gate[m]
+        self.gated_out += float((gate == 0).sum())
+        self.truncated += float(((gate > 0) & (gate < 1)).sum())
+        if out.entropies is not None:
+            self.entropy_sum += float(out.entropies[m].sum())
 
 
 class CapturedGRPOTrainer:
     """GRPO on captured rows (see the module docstring).
 
-    ``settings`` is kept by reference. Read at every step: ``micro_batch_size``,
+    ``settings`` is kept by reference. Read at every step: ``prefix_sharing``, ``micro_batch_size``,
     ``normalisation``, ``importance_sampling``, ``importance_sampling_clip``, ``token_budget``,
     ``max_completion_length``, ``weight_sync_interval``, ``max_grad_norm``, and ``beta`` (which
     can only be turned off later, the reference model being loaded at construction). The loss
@@ -262,6 +323,8 @@ class CapturedGRPOTrainer:
             self.ref_model = self._load_reference(self.compute_dtype)
         self.global_step = 0
         self._version = settings.initial_version
+        self._runners: dict[str, SharedForward] = {}
+        self._warned_shared = False
 
     # -- public state ----------------------------------------------------------------------
 
@@ -376,18 +439,82 @@ class CapturedGRPOTrainer:
             )
         rule = resolve_normalisation(s.normalisation, s.loss_type)
         weights = token_weights(kept, rule, s.max_completion_length)
-        plan = plan_micro_batches(kept, s.micro_batch_size)
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        local = plan[rank::world]
-        n_local = math.ceil(len(plan) / world)
         weight_total = float(sum(sum(r.weights()) for r in kept))
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self._shares_prefixes():
+            tally, passes, forwarded, unique = self._shared_pass(kept, weights, weight_total)
+        else:
+            tally, passes, forwarded = self._padded_pass(kept, weights, weight_total)
+            unique = build_tree([r.input_ids for r in kept]).unique_tokens
+
+        totals = self._reduce(
+            [
+                tally.loss,
+                tally.ratio_sum,
+                float(tally.n_tok),
+                tally.clipped,
+                tally.gated_out,
+                tally.truncated,
+                tally.entropy_sum,
+                float(forwarded),
+            ]
+        )
+        loss_total, ratio_sum, n_tok_f, clipped, gated_out, truncated, entropy_sum, forwarded_f = totals
+        n_tok_f = max(n_tok_f, 1.0)
+        staleness = [self._version - r.policy_version for r in kept]
+        return {
+            "train/loss": loss_total,
+            "train/ratio": ratio_sum / n_tok_f,
+            "train/ratio_min": self._reduce_extreme(tally.ratio_min, "min"),
+            "train/ratio_max": self._reduce_extreme(tally.ratio_max, "max"),
+            "train/clip_fraction": clipped / n_tok_f,
+            "train/is_masked_fraction": gated_out / n_tok_f,
+            "train/is_truncated_fraction": truncated / n_tok_f,
+            "train/entropy": entropy_sum / n_tok_f,
+            "train/tokens_trained": float(sum(sum(r.loss_mask) for r in kept)),
+            "train/tokens": float(sum(len(r.input_ids) for r in kept)),
+            "train/tokens_unique": float(unique),
+            "train/tokens_forwarded": forwarded_f,
+            "train/rows": float(len(kept)),
+            "train/rows_over_budget": float(over_budget),
+            "train/attempts": float(len({r.attempt_id for r in kept})),
+            "train/groups": float(len({r.group_id for r in kept})),
+            "train/micro_batches": float(passes),
+            "train/advantage_mean": sum(r.advantage for r in kept) / len(kept),
+            "train/staleness_mean": sum(staleness) / len(staleness),
+            "train/staleness_max": float(max(staleness)),
+        }
+
+    def _shares_prefixes(self) -> bool:
+        if self.settings.prefix_sharing != "shared":
+            return False
+        if self.accelerator.num_processes > 1:
+            if not self._warned_shared:
+                log.warning(
+                    "trainer.prefix_sharing=shared runs in one process; under %d processes each "
+                    "process would run a different number of forward passes, which data-parallel "
+                    "backends must match, so this run trains on the padded path",
+                    self.accelerator.num_processes,
+                )
+                self._warned_shared = True
+            return False
+        return True
+
+    def _padded_pass(
+        self, kept: list[TrainRow], weights: list[list[float]], weight_total: float
+    ) -> tuple[_Tally, int, int]:
+        """Every row forwarded alone, in right-padded micro-batches; returns the tally, the number
+        of micro-batches and the tokens forwarded (padding included)."""
+        s = self.settings
+        plan = plan_micro_batches(kept, s.micro_batch_size)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        local = plan[rank::world]
+        n_local = math.ceil(len(plan) / world)
         device = self.accelerator.device
-        loss_total = 0.0
-        ratio_sum, ratio_min, ratio_max, n_tok = 0.0, math.inf, -math.inf, 0
-        clipped, gated_out, truncated, entropy_sum = 0.0, 0.0, 0.0, 0.0
+        tally = _Tally()
+        forwarded = 0
         for k in range(n_local):
             indices = local[k] if k < len(local) else []
             real = len(indices)
@@ -397,66 +524,120 @@ class CapturedGRPOTrainer:
                 indices = indices + [plan[0][0]] * (s.micro_batch_size - real)
             mb = build_micro_batch(kept, indices, weights, self.pad_token_id, device)
             mb.weights[real:] = 0.0
+            forwarded += mb.size * (mb.prompt_ids.size(1) + mb.completion_ids.size(1))
             with self.autocast():
                 out = self._micro_batch_loss(mb, weight_total)
             self.accelerator.backward(out.loss * world)
-            loss_total += float(out.loss.detach())
-            if real == 0:
-                continue
-            m = mb.loss_mask > 0
-            m[real:] = False
-            ratio = torch.exp((out.logps - mb.behaviour_logps)[m])
-            ratio_sum += float(ratio.sum())
-            ratio_min = min(ratio_min, float(ratio.min()))
-            ratio_max = max(ratio_max, float(ratio.max()))
-            n_tok += int(m.sum())
-            clipped += float(self._clipped(out.logps, mb)[m].sum())
-            gate = out.gate[m]
-            gated_out += float((gate == 0).sum())
-            truncated += float(((gate > 0) & (gate < 1)).sum())
-            if out.entropies is not None:
-                entropy_sum += float(out.entropies[m].sum())
+            tally.add(self, out, mb, real)
+        return tally, len(plan), forwarded
 
-        totals = self._reduce(
-            [loss_total, ratio_sum, float(n_tok), clipped, gated_out, truncated, entropy_sum]
-        )
-        loss_total, ratio_sum, n_tok_f, clipped, gated_out, truncated, entropy_sum = totals
-        n_tok_f = max(n_tok_f, 1.0)
-        staleness = [self._version - r.policy_version for r in kept]
-        return {
-            "train/loss": loss_total,
-            "train/ratio": ratio_sum / n_tok_f,
-            "train/ratio_min": self._reduce_extreme(ratio_min, "min"),
-            "train/ratio_max": self._reduce_extreme(ratio_max, "max"),
-            "train/clip_fraction": clipped / n_tok_f,
-            "train/is_masked_fraction": gated_out / n_tok_f,
-            "train/is_truncated_fraction": truncated / n_tok_f,
-            "train/entropy": entropy_sum / n_tok_f,
-            "train/tokens_trained": float(sum(sum(r.loss_mask) for r in kept)),
-            "train/tokens": float(sum(len(r.input_ids) for r in kept)),
-            "train/rows": float(len(kept)),
-            "train/rows_over_budget": float(over_budget),
-            "train/attempts": float(len({r.attempt_id for r in kept})),
-            "train/groups": float(len({r.group_id for r in kept})),
-            "train/micro_batches": float(len(plan)),
-            "train/advantage_mean": sum(r.advantage for r in kept) / len(kept),
-            "train/staleness_mean": sum(staleness) / len(staleness),
-            "train/staleness_max": float(max(staleness)),
-        }
+    def _shared_pass(
+        self, kept: list[TrainRow], weights: list[list[float]], weight_total: float
+    ) -> tuple[_Tally, int, int, int]:
+        """Each shared prefix forwarded and backpropagated once (``fineenvs.train.shared``); the
+        rows ending at a node are scored by TRL's loss exactly as a micro-batch of theirs would be.
+        Returns the tally, forward passes, tokens forwarded and unique tokens."""
+        runner = self._shared_runner()
+        seqs = [r.input_ids for r in kept]
+        tree = build_tree(seqs, one_token_inner=runner.one_token_inner)
+        needed = trained_positions([np.asarray(r.loss_mask, dtype=bool) for r in kept])
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = self._tree_logps(self._shared_runner(reference=True), tree, seqs, needed)
+        device = self.accelerator.device
+        tally = _Tally()
+
+        def on_rows(node: Node, lps: list[torch.Tensor], ents: list[torch.Tensor]) -> torch.Tensor:
+            mb = build_micro_batch(kept, node.ends, weights, self.pad_token_id, device)
+            split, b = mb.prompt_ids.size(1), mb.size
+            # Rows ending at one node are identical: one logprob row, seen by each of them.
+            logps = torch.cat(lps)[split:].unsqueeze(0).expand(b, -1)
+            entropies = torch.cat(ents)[split:].unsqueeze(0).expand(b, -1)
+            ref_mb = None if ref is None else torch.stack([ref[i][split:] for i in node.ends])
+            out = self._micro_batch_loss(mb, weight_total, precomputed=(logps, entropies), ref=ref_mb)
+            tally.add(self, out, mb, b)
+            loss: torch.Tensor = out.loss
+            return loss
+
+        stats = runner.run(tree, seqs, needed=needed, on_rows=on_rows, train=True)
+        return tally, stats.forward_passes, stats.tokens_forwarded, tree.unique_tokens
+
+    def _shared_runner(self, reference: bool = False) -> SharedForward:
+        key = "reference" if reference else "policy"
+        runner = self._runners.get(key)
+        if runner is None:
+            model = self.ref_model if reference else self.unwrapped_model
+            s = self.settings
+            cast = self._trl.cast_lm_head_to_fp32
+
+            def score(
+                hidden: torch.Tensor, targets: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                return token_logps(model, hidden, targets, s.temperature, cast_to_fp32=cast)
+
+            runner = SharedForward(model, score=score, pad_token_id=self.pad_token_id, autocast=self.autocast)
+            self._runners[key] = runner
+        return runner
+
+    @staticmethod
+    def _tree_logps(
+        runner: SharedForward,
+        tree: PrefixTree,
+        seqs: Sequence[Sequence[int]],
+        needed: Callable[[Node], np.ndarray],
+    ) -> dict[int, torch.Tensor]:
+        """Each row's logprob of every token in ``needed`` positions (0.0 elsewhere), detached."""
+        out: dict[int, torch.Tensor] = {}
+
+        def keep(node: Node, lps: list[torch.Tensor], _: list[torch.Tensor]) -> None:
+            full = torch.cat(lps).detach()
+            for i in node.ends:
+                out[i] = full
+
+        runner.run(tree, seqs, needed=needed, on_rows=keep, train=False)
+        return out
 
     @torch.no_grad()
     def token_logprobs(self, rows: Sequence[TrainRow]) -> list[list[float]]:
         """The trainer's logprob of every token given its prefix (0.0 for the first token),
         temperature-scaled like the loss; aligned with each row's ``input_ids``."""
+        if self._shares_prefixes() and rows:
+            runner = self._shared_runner()
+            seqs = [r.input_ids for r in rows]
+            tree = build_tree(seqs, one_token_inner=runner.one_token_inner)
+            scored = self._tree_logps(runner, tree, seqs, all_positions)
+            return [scored[i].float().cpu().tolist() for i in range(len(rows))]
         out: list[list[float]] = []
+        device = self.accelerator.device
         for row in rows:
-            mb = build_micro_batch([row], [0], [row.weights()], self.pad_token_id, self.accelerator.device)
+            ids = torch.tensor([row.input_ids], dtype=torch.long, device=device)
+            n = ids.size(1)
+            # Every token from the second on is scored: a one-token prompt, the rest as completion.
+            mb = MicroBatch(
+                row_indices=[0],
+                prompt_ids=ids[:, :1],
+                completion_ids=ids[:, 1:],
+                attention=torch.ones((1, n - 1), dtype=torch.long, device=device),
+                loss_mask=torch.ones((1, n - 1), device=device),
+                weights=torch.zeros((1, n - 1), device=device),
+                behaviour_logps=torch.zeros((1, n - 1), device=device),
+                advantages=torch.zeros(1, device=device),
+                tokens=n,
+            )
             with self.autocast():
-                logps = self._trl.logps(self.model, mb)[0].float().cpu().tolist()
-            out.append([0.0] * mb.prompt_ids.size(1) + logps)
+                row_logps: list[float] = self._trl.logps(self.model, mb)[0].float().cpu().tolist()
+            out.append([0.0, *row_logps])
         return out
 
-    def _micro_batch_loss(self, mb: MicroBatch, weight_total: float) -> Any:
+    def _micro_batch_loss(
+        self,
+        mb: MicroBatch,
+        weight_total: float,
+        *,
+        precomputed: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        ref: torch.Tensor | None = None,
+    ) -> Any:
         s = self.settings
         out = self._trl(
             self.model,
@@ -464,10 +645,12 @@ class CapturedGRPOTrainer:
             importance_sampling=s.importance_sampling,
             clip=s.importance_sampling_clip,
             num_tokens_total=weight_total,
+            precomputed=precomputed,
         )
         if self.ref_model is not None:
-            with torch.no_grad():
-                ref = self._trl.logps(self.ref_model, mb)
+            if ref is None:
+                with torch.no_grad():
+                    ref = self._trl.logps(self.ref_model, mb)
             logps = out.logps_graph  # same forward as the policy term, with its graph
             diff = ref - logps
             kl = torch.exp(diff) - diff - 1.0

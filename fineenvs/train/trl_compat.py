@@ -29,6 +29,10 @@ What we change, and how:
   already carries, is ``min(rho, C)`` rather than ``rho`` (the truncation of TRL's
   ``token_truncate``); ``mask`` zeroes tokens with ``rho`` outside ``[1/C, C]`` (TRL's
   ``token_mask``). Both off by default, as published.
+- Prefix-shared training (``fineenvs.train.shared``) scores hidden states itself with TRL's
+  chunked log-prob head (``token_logps``: ``ChunkedLogProbFunction`` with the temperature, logit
+  scale and softcapping of ``add_fused_lm_head``) and hands ``_compute_loss`` those logprobs
+  (``TrlLoss.__call__(precomputed=...)``), so TRL runs no forward of its own.
 - ``beta`` (KL to the initial policy) is applied by the caller, not through TRL: TRL adds its KL
   term after the importance-sampling factor, so it would escape our normalisation weights.
 
@@ -55,6 +59,7 @@ here moves; ``tests/train/test_trl_compat.py`` runs it and checks the behaviour 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
@@ -112,6 +117,12 @@ def check_trl_internals() -> None:
 
     if not callable(getattr(trl_utils, "add_fused_lm_head", None)):
         raise _moved("trl.trainer.utils.add_fused_lm_head is missing")
+    if not isinstance(getattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", None), int):
+        raise _moved("trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE is missing")
+    from trl import kernels as trl_kernels
+
+    if not hasattr(getattr(trl_kernels, "ChunkedLogProbFunction", None), "apply"):
+        raise _moved("trl.kernels.ChunkedLogProbFunction is missing")
     for name in ("_compute_loss", "_get_per_token_logps_and_entropies", "create_optimizer_and_scheduler"):
         if not callable(getattr(GRPOTrainer, name, None)):
             raise _moved(f"GRPOTrainer.{name} is missing")
@@ -180,6 +191,52 @@ def add_fused_head(model: Any, temperature: float) -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     add_fused_lm_head(model, temperature=temperature)
+
+
+def head_scales(config: Any) -> tuple[float | None, float]:
+    """(final logit softcapping, logit scale) as TRL 1.16's ``add_fused_lm_head`` reads them."""
+    text = config.get_text_config()
+    softcap = getattr(text, "final_logit_softcapping", None)
+    scale = getattr(text, "logit_scale", None)
+    if scale is None:
+        scale = getattr(text, "output_multiplier", None)
+    if scale is None:
+        scale = getattr(text, "lm_head_multiplier", None)
+    if scale is None and getattr(text, "logits_scaling", None) is not None:
+        scale = text.logits_scaling if text.model_type == "hyperclovax" else 1 / text.logits_scaling
+    return softcap, 1.0 if scale is None else float(scale)
+
+
+def token_logps(
+    model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, *, cast_to_fp32: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs and entropies of ``targets`` (N,) given the final hidden states before them (N, H).
+
+    TRL's chunked log-prob head (``ChunkedLogProbFunction``) with the temperature, logit scale and
+    softcapping its ``add_fused_lm_head`` applies, so the values and gradients are those of the
+    fused forward the padded path runs (``fineenvs.train.shared`` scores hidden states itself)."""
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    softcap, scale = head_scales(model.config)
+    head = model.get_output_embeddings()
+    ctx: Any = contextlib.nullcontext()
+    if cast_to_fp32:
+        hidden = hidden.float()
+        ctx = torch.autocast(hidden.device.type, enabled=False)
+    with ctx:
+        out = ChunkedLogProbFunction.apply(
+            hidden,
+            head.weight,
+            head.bias,
+            targets,
+            temperature,
+            _CHUNKED_LOGPROB_CHUNK_SIZE,
+            softcap,
+            scale,
+            ("log_probs", "entropy"),
+        )
+    return out[0], out[1]
 
 
 @dataclass
@@ -303,9 +360,23 @@ class TrlLoss:
         logps: torch.Tensor = out[0]
         return logps
 
+    @property
+    def cast_lm_head_to_fp32(self) -> bool:
+        return bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
+
     def __call__(
-        self, model: Any, mb: MicroBatch, *, importance_sampling: str, clip: float, num_tokens_total: float
+        self,
+        model: Any,
+        mb: MicroBatch,
+        *,
+        importance_sampling: str,
+        clip: float,
+        num_tokens_total: float,
+        precomputed: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     ) -> LossOutput:
+        """TRL's loss on ``mb``. ``precomputed`` = (logprobs, entropies) of the completion tokens,
+        (B, C) with their graph, computed elsewhere (the prefix-shared forward): TRL then runs
+        no forward of its own and its loss is taken on these."""
         t: Any = self.trainer
         num_processes = t.accelerator.num_processes
         spg = t.args.steps_per_generation
@@ -329,7 +400,10 @@ class TrlLoss:
         mask = mb.loss_mask
 
         def logps_and_fill_ratio(*args: Any, **kwargs: Any) -> Any:
-            logps, entropies, aux = self._original_logps_fn(*args, **kwargs)
+            if precomputed is None:
+                logps, entropies, aux = self._original_logps_fn(*args, **kwargs)
+            else:
+                (logps, entropies), aux = precomputed, None
             with torch.no_grad():
                 gate = importance_gate(logps.detach() - mb.behaviour_logps, importance_sampling, clip) * mask
                 if self.loss_type == "vespo":
