@@ -24,6 +24,7 @@ from fineenvs.harnesses.gemini_cli import GeminiCli
 from fineenvs.harnesses.gptme import Gptme
 from fineenvs.harnesses.hermes import Hermes
 from fineenvs.harnesses.kilo import Kilo
+from fineenvs.harnesses.kimi_code import KimiCode
 from fineenvs.harnesses.mini_swe_agent import MiniSweAgent
 from fineenvs.harnesses.mistral_vibe import MistralVibe
 from fineenvs.harnesses.opencode import OpenCode
@@ -50,6 +51,7 @@ HARNESSES: dict[str, Harness] = {
         Kilo(),
         Droid(),
         Aider(),
+        KimiCode(),
     )
 }
 

@@ -373,6 +373,71 @@ def test_aider_counts_applied_edits_from_its_chat_history(tmp_path: Path) -> Non
     assert get_harness("aider").parse_outputs(tmp_path / "missing").native_tool_calls is None
 
 
+@pytest.mark.parametrize(
+    ("fmt", "ptype", "base"),
+    [
+        (OPENAI_CHAT, "openai", BASE + "/v1"),
+        (OPENAI_RESPONSES, "openai_responses", BASE + "/v1"),
+        (ANTHROPIC_MESSAGES, "anthropic", BASE),
+        (GEMINI, "google-genai", BASE),
+    ],
+)
+def test_kimi_code_provider_per_format(fmt: str, ptype: str, base: str, tmp_path: Path) -> None:
+    h = get_harness("kimi_code")
+    home, _work, env, argv = build(h, tmp_path, fmt, step_limit=6)
+    cfg = tomllib.loads((home / ".kimi-code" / "config.toml").read_text())
+    ((pname, provider),) = cfg["providers"].items()
+    assert provider == {"type": ptype, "base_url": base, "api_key": KEY}
+    model = cfg["models"][cfg["default_model"]]
+    assert model["provider"] == pname and model["model"] == MODEL
+    assert "tool_use" in model["capabilities"]  # an unknown model name gets no tools otherwise
+    assert cfg["loop_control"]["max_steps_per_turn"] == 6
+    assert cfg["telemetry"] is False and env["KIMI_DISABLE_TELEMETRY"] == "1"
+    assert env["KIMI_CODE_NO_AUTO_UPDATE"] == "1"
+    tui = tomllib.loads((home / ".kimi-code" / "tui.toml").read_text())
+    assert tui["upgrade"]["auto_install"] is False
+    assert env["KIMI_CODE_HOME"] == str(home / ".kimi-code")
+    # Node 22 from the prefix comes before the system's (the CLI needs node:sqlite), and the
+    # prefix's ripgrep keeps the Grep tool from downloading one.
+    path = env["PATH"].split(os.pathsep)
+    assert path[:2] == [str(h.bin_dir), str(h.install_dir / "ripgrep" / "bin")]
+    assert argv[1:3] == ["-p", "Write 42 to answer.txt"]
+    assert argv[argv.index("--output-format") + 1] == "stream-json"
+    assert h.install_requirements() == ["@moonshot-ai/kimi-code@2.1.0", "node@22.23.3"]
+
+
+def test_kimi_code_without_step_limit_and_its_install_step(tmp_path: Path) -> None:
+    h = get_harness("kimi_code")
+    home, _work, _env, _argv = build(h, tmp_path, OPENAI_CHAT, step_limit=None)
+    assert "loop_control" not in tomllib.loads((home / ".kimi-code" / "config.toml").read_text())
+    ((argv, env),) = h.post_install(tmp_path / "prefix")
+    assert argv[argv.index("--target") + 1] == str(tmp_path / "prefix" / "ripgrep")
+    assert argv[-1] == "ripgrep==14.1.0" and "--only-binary=:all:" in argv
+    assert "LEAK" not in "".join(env.values())
+
+
+def test_kimi_code_counts_tool_calls_from_stream_json(tmp_path: Path) -> None:
+    lines = [
+        {"role": "meta", "type": "system.version", "version": "2.1.0"},
+        {"role": "assistant", "content": "Writing.", "tool_calls": [
+            {"type": "function", "id": "c1", "function": {"name": "Bash", "arguments": "{}"}},
+            {"type": "function", "id": "c2", "function": {"name": "Read", "arguments": "{}"}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "c3", "function": {"name": "Bash", "arguments": "{}"}},
+        ]},
+        {"role": "tool", "tool_call_id": "c3", "content": "ok"},
+        {"role": "assistant", "content": "I wrote 42."},
+        {"role": "meta", "type": "session.resume_hint", "content": "To resume this session: kimi -r x"},
+    ]  # fmt: skip
+    (tmp_path / "stdout.txt").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = get_harness("kimi_code").parse_outputs(tmp_path)
+    assert out.native_tool_calls == 3 and out.final_text == "I wrote 42."
+    assert get_harness("kimi_code").parse_outputs(tmp_path / "missing").native_tool_calls is None
+
+
 def test_hyphenated_names_resolve_and_unknown_name_is_clear() -> None:
     assert get_harness("mistral-vibe").name == "mistral_vibe"
     with pytest.raises(HarnessConfigError, match="known harnesses"):
