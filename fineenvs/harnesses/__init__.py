@@ -1,6 +1,7 @@
 """Real coding-agent CLIs, pinned, installed into the cache, run unmodified in a fresh HOME.
 
-The ten agents of the published system plus two more tool-calling agents (Cline CLI, gptme).
+The ten agents of the published system plus seven more (Cline CLI, gptme, GitHub Copilot CLI,
+Kilo CLI, Factory Droid, Aider, Kimi Code CLI).
 Mistral Vibe and OpenHands need Python >= 3.12: their venvs are built with the machine's pyenv
 3.12 interpreter (``python_version``), the rest of the project stays on 3.11.
 

@@ -2,7 +2,9 @@
 
 The SDK has no CLI of its own; :mod:`fineenvs.harnesses.openhands_driver` builds the standard
 agent (terminal + file editor tools, native function calling) around ``LLM(base_url, api_key,
-model)`` and runs it with the venv's interpreter.
+model)`` and runs it with the venv's interpreter. The working directory and HOME reach the
+driver on its command line, as the agent sees them (``/tmp/work`` and ``/tmp/home`` inside bwrap):
+the SDK writes its workspace path into the system prompt.
 """
 
 from __future__ import annotations
@@ -48,10 +50,7 @@ class OpenHands(Harness):
                 "model": f"openai/{model}",
                 "base_url": with_v1(base_url),
                 "api_key": session_key,
-                "workdir": str(workdir),
-                "persistence_dir": str(home / ".openhands" / "conversations"),
                 "max_iterations": step_limit or 100,
-                "events_path": str(home / EVENTS),
             },
         )
 
@@ -65,7 +64,8 @@ class OpenHands(Harness):
         api_format: str,
         step_limit: int | None = None,
     ) -> list[str]:
-        return [str(self.binary_path), "-I", str(DRIVER), str(home / CONFIG), task_prompt]
+        # The config file's own folder (HOME) holds the conversation store and the event log.
+        return [str(self.binary_path), "-I", str(DRIVER), str(home / CONFIG), str(workdir), task_prompt]
 
     def env(
         self,

@@ -1,8 +1,8 @@
 """Run one OpenHands SDK agent headless. Executed by the openhands venv's own Python (>= 3.12).
 
-``python openhands_driver.py CONFIG.json TASK`` where CONFIG holds ``base_url``, ``api_key``,
-``model``, ``workdir``, ``persistence_dir``, ``max_iterations`` and ``events_path``. The key sits in
-the file (under the attempt's HOME), not in argv. Stdlib plus the SDK only: this file must not
+``python openhands_driver.py CONFIG.json WORKDIR TASK`` where CONFIG holds ``base_url``,
+``api_key``, ``model`` and ``max_iterations``; the conversation store and the event log go next to
+it (the attempt's HOME). The key sits in the file, not in argv. Stdlib plus the SDK only: this file must not
 import fineenvs (it runs outside the project's venv).
 """
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    cfg = json.loads(Path(argv[0]).read_text())
-    task = argv[1]
+    config = Path(argv[0])
+    cfg = json.loads(config.read_text())
+    workdir, task = argv[1], argv[2]
     from openhands.sdk import LLM, Agent, Conversation, Tool
     from openhands.sdk.conversation.response_utils import get_agent_final_response
     from openhands.tools.file_editor import FileEditorTool
@@ -30,8 +31,8 @@ def main(argv: list[str]) -> int:
     agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
     conversation = Conversation(
         agent=agent,
-        workspace=cfg["workdir"],
-        persistence_dir=cfg["persistence_dir"],
+        workspace=workdir,
+        persistence_dir=str(config.parent / ".openhands" / "conversations"),
         max_iteration_per_run=int(cfg["max_iterations"]),
         visualizer=None,
         delete_on_close=False,
@@ -51,7 +52,9 @@ def main(argv: list[str]) -> int:
                 }
             )
         final = get_agent_final_response(events)
-        Path(cfg["events_path"]).write_text(json.dumps({"events": rows, "final_response": final}, indent=1))
+        (config.parent / "openhands_events.json").write_text(
+            json.dumps({"events": rows, "final_response": final}, indent=1)
+        )
     print(final)
     return 0
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fineenvs.harnesses import HARNESSES, check_installed
-from fineenvs.harnesses.sandbox import AttemptResult, proxy_stats_from_rollout, run_attempt
+from fineenvs.harnesses.sandbox import WORK_ROOT_NAME, AttemptResult, proxy_stats_from_rollout, run_attempt
 from tests.harnesses.scripted_engine import ANSWER, SHELL_TOOLS, TOOL_MARKER, ScriptedEngine, scripted_logprob
 from tests.harnesses.stack import EmbeddedEngine, Proxy, start_embedded_engine, start_proxy
 
@@ -205,15 +205,31 @@ def test_scripted_policy_in_bwrap_sandbox(
     assert rollout["calls"] and all(
         (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in rollout["calls"]
     )
+    # The agent works at the sandbox's fixed paths: neither the host's per-attempt working
+    # directory nor the attempt folder reaches what it sends (agents put both into their prompts,
+    # and per-attempt paths would leave the attempts of a group nothing to share).
+    sent = json.dumps([c["request"] for c in rollout["calls"]])
+    assert WORK_ROOT_NAME not in sent and str(tmp_path) not in sent
 
 
-@pytest.mark.parametrize("transport", ["websocket", "http"])
+BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
+
+
+@pytest.mark.parametrize(
+    ("transport", "use_bwrap"),
+    [
+        ("websocket", False),
+        ("http", False),
+        pytest.param("websocket", True, marks=BWRAP, id="websocket-bwrap"),
+    ],
+)
 def test_codex_transports(
-    transport: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+    transport: str, use_bwrap: bool, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
 ) -> None:
     """Codex on its default transport (the Responses WebSocket of its built-in provider) and on
     HTTP (a custom provider): every call over the expected transport (a failed upgrade would
-    show as HTTP calls after Codex's ~6 s of retries)."""
+    show as HTTP calls after Codex's ~6 s of retries). In bwrap the upgrade and its frames cross
+    the Unix-socket bridge (fineenvs.harnesses.netbridge)."""
     from fineenvs.harnesses.codex import Codex
 
     _require_installed("codex")
@@ -228,6 +244,7 @@ def test_codex_transports(
         session_key=session["key"],
         model=MODEL,
         timeout_seconds=TIMEOUT_S,
+        use_bwrap=use_bwrap,
         proxy_stats=lambda: proxy_stats_from_rollout(proxy.rollout(session["session_id"])),
     )
     calls = proxy.rollout(session["session_id"])["calls"]
@@ -240,10 +257,12 @@ def test_codex_transports(
     assert TOOL_MARKER in later_tool_output
 
 
+@pytest.mark.parametrize("use_bwrap", [False, pytest.param(True, marks=BWRAP, id="bwrap")])
 def test_copilot_responses_over_websocket(
-    scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+    use_bwrap: bool, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
 ) -> None:
-    """Copilot CLI's own Responses WebSocket client (COPILOT_PROVIDER_TRANSPORT=websockets)."""
+    """Copilot CLI's own Responses WebSocket client (COPILOT_PROVIDER_TRANSPORT=websockets),
+    also across the bwrap sandbox's Unix-socket bridge."""
     from fineenvs.harnesses.copilot import Copilot
 
     _require_installed("copilot")
@@ -259,6 +278,7 @@ def test_copilot_responses_over_websocket(
         model=MODEL,
         api_format="openai_responses",
         timeout_seconds=TIMEOUT_S,
+        use_bwrap=use_bwrap,
         proxy_stats=lambda: proxy_stats_from_rollout(proxy.rollout(session["session_id"])),
     )
     calls = proxy.rollout(session["session_id"])["calls"]
