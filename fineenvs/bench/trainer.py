@@ -26,7 +26,15 @@ tree, the step time (``CapturedGRPOTrainer.step``: forward, backward, clipping, 
 process CPU time, median of ``--runs`` after an untimed step on two of the rows) and the peak resident memory the
 step adds. Each measurement runs in its own process: memory is ``ru_maxrss`` after the steps minus
 the resident size before the first one (activations, gradients, AdamW state and temporaries; the
-AdamW state is the same for both paths). The two paths' losses are printed side by side.
+AdamW state is the same for both paths). The two paths' losses are compared. One torch thread by default (``--threads``): on a shared
+machine, OpenMP's barriers wait for threads the neighbours' jobs have descheduled, which costs most
+where operations are many and small (measured on the loaded 2-core machine, load average 9: the
+shared Claude Code step took 43-78 s wall with 2 threads, 7-13 s with one).
+
+Measured (default flags, the shared 2-core machine): the shared step forwards exactly the tree's
+unique tokens (padded: 3.4-10.8x them); Claude Code cases 7.3-11.0x faster in CPU time, the other
+harnesses' groups of 8 4.1-4.8x, the synthetic group 3.0-3.2x; peak memory added 0.15-0.25 of
+padded; losses equal to 1e-7 (README, "Measured performance").
 """
 
 from __future__ import annotations
@@ -251,11 +259,16 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def measure(model: str, case: str, path: str, *, runs: int, max_prompt_tokens: int) -> dict[str, Any]:
+def measure(
+    model: str, case: str, path: str, *, runs: int, max_prompt_tokens: int, threads: int
+) -> dict[str, Any]:
     """One optimizer step on the case's rows, timed ``runs`` times after a warm-up step (this
     process only: run it in a fresh process for the memory figure)."""
     import tempfile
 
+    import torch
+
+    torch.set_num_threads(threads)
     from fineenvs.models import ensure_tiny_model
     from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
 
@@ -308,15 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-prompt-tokens", type=int, default=2048)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per measurement (1: on a shared machine, OpenMP barriers with busy "
+        "neighbours measure scheduling stalls, worst for many small operations)",
+    )
     p.add_argument("--worker", nargs=3, metavar=("MODEL", "CASE", "PATH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.runs < 1 or args.max_prompt_tokens < 2 * TASK_TOKENS:
-        p.error(f"--runs must be >= 1 and --max-prompt-tokens >= {2 * TASK_TOKENS}")
+    if args.runs < 1 or args.threads < 1 or args.max_prompt_tokens < 2 * TASK_TOKENS:
+        p.error(f"--runs and --threads must be >= 1 and --max-prompt-tokens >= {2 * TASK_TOKENS}")
     if args.worker:
         model, case, path = args.worker
-        print(
-            json.dumps(measure(model, case, path, runs=args.runs, max_prompt_tokens=args.max_prompt_tokens))
+        figures = measure(
+            model, case, path, runs=args.runs, max_prompt_tokens=args.max_prompt_tokens, threads=args.threads
         )
+        print(json.dumps(figures))
         return 0
     models = [m for m in args.models.split(",") if m]
     cases = [c for c in args.cases.split(",") if c]
@@ -325,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown case {c!r}; known: {', '.join(CASES)}")
     print(
         f"one optimizer step per case (median of {args.runs} runs after a warm-up step; prompts cut to "
-        f"{args.max_prompt_tokens} tokens); memory = peak resident size added by the steps, one process "
-        "per measurement"
+        f"{args.max_prompt_tokens} tokens, {args.threads} torch thread(s)); speedup = padded / shared "
+        "wall time, cpu x the same for process CPU time; memory = peak resident size added by the steps, "
+        "one process per measurement"
     )
     header = (
         f"{'model':<13} {'case':<15} {'rows':>4} {'tokens':>7} {'unique':>7} {'fwd/uniq pad':>12} "
@@ -337,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         for case in cases:
             common = ["--runs", str(args.runs), "--max-prompt-tokens", str(args.max_prompt_tokens)]
+            common += ["--threads", str(args.threads)]
             pad = _run_worker([model, case, "padded", *common])
             sh = _run_worker([model, case, "shared", *common])
             loss_diff = abs(pad["loss"] - sh["loss"]) / max(abs(pad["loss"]), 1e-12)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -210,7 +210,6 @@ class TreeStats:
     forward_passes: int = 0
     tokens_forwarded: int = 0
     backward_passes: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def trained_positions(masks: Sequence[np.ndarray]) -> Callable[[Node], np.ndarray]:

@@ -18,6 +18,7 @@ this), so that is rounding, not another computation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
@@ -108,6 +109,8 @@ def test_gradient_equals_padded_on_recorded_rows_and_a_group_of_8(
 ) -> None:
     trainer = trainers[model]
     rows = recorded_rows() + group_of_8()
+    # Another attempt that produced exactly the same row: both end at one node of the tree.
+    rows.append(dataclasses.replace(rows[0], attempt_id="twin", advantage=0.25))
     tree = build_tree([r.input_ids for r in rows])
     assert tree.row_tokens > 3 * tree.unique_tokens  # real sharing, or the test proves little
     claude = [r for r in rows if r.attempt_id == "claude_code-a0"]
