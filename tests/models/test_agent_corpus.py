@@ -45,7 +45,9 @@ def test_shipped_text_is_the_recorded_fixtures() -> None:
     # must be shipped again (python -m fineenvs.models.agent_corpus).
     recorded = {e["harness"]: e for e in build_agent_prompts(RECORDS)}
     for entry in shipped:
-        assert recorded[entry["harness"]] == entry, f"{entry['harness']}: re-run python -m fineenvs.models.agent_corpus"
+        assert recorded[entry["harness"]] == entry, (
+            f"{entry['harness']}: re-run python -m fineenvs.models.agent_corpus"
+        )
     assert set(PAPER_MIX) | {"pi"} <= {e["harness"] for e in shipped}
     text = "\n".join(e["text"] for e in shipped)
     assert "mini-train-" not in text and "mini-eval-" not in text
