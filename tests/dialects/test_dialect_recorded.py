@@ -19,7 +19,8 @@ from fineenvs.dialects import DIALECTS, aux_route, detect
 
 RECORDS = sorted((Path(__file__).parent.parent / "fixtures" / "harness_records").glob("*.json"))
 HARNESSES = {"claude_code", "codex", "opencode", "mini_swe_agent", "hermes", "pi", "gemini_cli", "qwen_code",
-             "copilot", "kilo", "droid", "aider"}  # fmt: skip
+             "copilot", "kilo", "droid", "aider", "kimi_code", "cline", "gptme", "mistral_vibe",
+             "openhands"}  # fmt: skip
 
 
 def _strip_prefix(path: str) -> str:
