@@ -2,7 +2,7 @@
 
 Inside the sandbox (own network namespace: loopback only) the agent must still reach the proxy at
 the same ``host:port`` it was configured with. Outside, :func:`serve_unix_to_tcp` accepts on a
-Unix socket in the attempt folder and connects to the real proxy; inside, this file runs as a
+Unix socket in a short private folder and connects to the real proxy; inside, this file runs as a
 script (stdlib only, system python) that listens on ``127.0.0.1:PORT``, forwards each connection
 to that Unix socket, runs the agent as its child and exits with the agent's status.
 """
@@ -51,12 +51,14 @@ def _handler(
 class UnixToTcp:
     """Outside half: a Unix socket whose connections are piped to ``host:port`` (a thread)."""
 
-    def __init__(self, socket_path: str, host: str, port: int) -> None:
+    def __init__(self, socket_path: str, host: str, port: int, *, cleanup_dir: str | None = None) -> None:
         self.socket_path, self.host, self.port = socket_path, host, port
+        self.cleanup_dir = cleanup_dir  # removed (when empty) after the socket
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fineenvs-netbridge", daemon=True)
         self._server: asyncio.AbstractServer | None = None
+        self._error: BaseException | None = None
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -67,13 +69,22 @@ class UnixToTcp:
         async def start() -> None:
             self._server = await asyncio.start_unix_server(_handler(opener), path=self.socket_path)
 
-        self._loop.run_until_complete(start())
-        self._ready.set()
+        try:
+            self._loop.run_until_complete(start())
+        except BaseException as e:  # reported by __enter__, in the caller's thread
+            self._error = e
+            return
+        finally:
+            self._ready.set()
         self._loop.run_forever()
 
     def __enter__(self) -> UnixToTcp:
         self._thread.start()
         self._ready.wait(10)
+        if self._error is not None:
+            raise RuntimeError(
+                f"the sandbox's proxy bridge could not listen on {self.socket_path}: {self._error}"
+            ) from self._error
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -82,12 +93,18 @@ class UnixToTcp:
                 self._server.close()
             self._loop.stop()
 
-        self._loop.call_soon_threadsafe(stop)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(stop)
         self._thread.join(5)
         try:
             os.unlink(self.socket_path)
         except OSError:
             pass
+        if self.cleanup_dir is not None:
+            try:
+                os.rmdir(self.cleanup_dir)
+            except OSError:
+                pass
 
 
 def main(argv: list[str]) -> int:

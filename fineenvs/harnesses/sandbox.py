@@ -205,6 +205,7 @@ def neutral_workdir() -> Path:
 # the same tokens up to the task.
 SANDBOX_HOME = Path("/tmp/home")
 SANDBOX_WORK = Path("/tmp/work")
+SANDBOX_BRIDGE = Path("/tmp/.fineenvs-bridge")  # the proxy's Unix socket, inside the sandbox
 
 
 def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
@@ -217,8 +218,17 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     if host not in ("127.0.0.1", "localhost"):
         raise RuntimeError(f"bwrap mode reaches the proxy over loopback only; base_url host is {host!r}")
-    sock = attempt_dir / "proxy.sock"
-    bridge = UnixToTcp(str(sock), host, port)
+    # A Unix socket path must fit in 108 bytes (sun_path), which attempt folders deep in an output
+    # directory do not: the socket lives in a short private host folder, bound to a fixed short
+    # path inside the sandbox.
+    sock_dir = Path(tempfile.mkdtemp(prefix="fineenvs-br-"))
+    sock = sock_dir / "proxy.sock"
+    if len(str(sock).encode()) > 100:
+        raise RuntimeError(
+            f"the sandbox's proxy socket path {sock} is longer than a Unix socket allows (108 bytes): "
+            "TMPDIR is too deep. Fix: set TMPDIR to a short folder, e.g. TMPDIR=/tmp"
+        )
+    bridge = UnixToTcp(str(sock), host, port, cleanup_dir=str(sock_dir))
     wrapped = [
         bwrap,
         "--ro-bind", "/", "/",
@@ -230,11 +240,12 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
         "--bind", str(workdir), str(workdir),
         "--bind", str(attempt_dir / "home"), str(SANDBOX_HOME),
         "--bind", str(workdir), str(SANDBOX_WORK),
+        "--bind", str(sock_dir), str(SANDBOX_BRIDGE),
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--die-with-parent",
         "--chdir", str(SANDBOX_WORK),
         sys.executable if Path(sys.executable).exists() else "python3",
-        "-I", str(Path(__file__).with_name("netbridge.py")), str(port), str(sock), "--",
+        "-I", str(Path(__file__).with_name("netbridge.py")), str(port), str(SANDBOX_BRIDGE / sock.name), "--",
         *argv,
     ]  # fmt: skip
     return wrapped, bridge

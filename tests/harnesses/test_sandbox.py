@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -270,6 +271,35 @@ def test_bwrap_readonly_root_writable_workdir_loopback_only_to_proxy(tmp_path: P
     assert not tmp_outside.exists()
     assert result.answer == "42"
     assert os.path.exists(tmp_path / "attempt" / "work" / "answer.txt")
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
+def test_bwrap_reaches_the_proxy_from_an_attempt_folder_deeper_than_a_unix_socket_path(
+    tmp_path: Path,
+) -> None:
+    # Evaluation attempts live deep in the output directory (.../eval/<checkpoint>/attempts/<id>);
+    # a Unix socket path must fit in 108 bytes, so the bridge's socket cannot live there.
+    server = HTTPServer(("127.0.0.1", 0), _Hello)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "attempts" / "t00002-pi"
+    assert len(str(deep / "proxy.sock")) > 108
+    script = (
+        f"python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/').read().decode())\"; "
+        "echo 5 > answer.txt"
+    )
+    try:
+        result = _run(
+            tmp_path, script, attempt_dir=deep, base_url=f"http://127.0.0.1:{port}/s/k", use_bwrap=True
+        )
+    finally:
+        server.shutdown()
+    assert result.exit_reason == "finished", (deep / "stderr.txt").read_text()
+    assert (deep / "stdout.txt").read_text().split() == ["hello-from-proxy"]
+    assert result.answer == "5"
+    argv = json.loads((deep / "attempt.json").read_text())["argv"]
+    host_sock_dir = argv[argv.index("/tmp/.fineenvs-bridge") - 1]
+    assert len(host_sock_dir) < 60 and not Path(host_sock_dir).exists()  # short, and removed afterwards
 
 
 def test_proxy_stats_failure_is_reported_not_raised(tmp_path: Path) -> None:
