@@ -389,17 +389,24 @@ class MiniReproSpec:
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/)."""
     teacher_tasks: int | None = None
-    """Training tasks the teacher attempts per harness (None: the whole train split)."""
+    """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
     sft_mix_tasks: int | None = 24
-    """Teacher rollouts per harness in the SFT-on-the-mix baseline (long prompts are costly on CPU)."""
+    """Training tasks the teacher attempts in each other harness of the mix: the SFT-on-the-mix
+    baseline's rollouts per harness (long prompts are costly on CPU)."""
+    base_sees_mix: bool = True
+    """The base's SFT data: the base harness's rollouts plus the ``sft_mix_tasks`` rollouts of each
+    other harness (True), or the base harness's alone (False). With False the 4-layer student solves
+    nothing outside the base harness, so RL across the mix has signal in one harness only."""
     base_epochs: float = 2.0
     sft_learning_rate: float = 3.0e-3
+    sft_gradient_accumulation: int = 2
+    """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
-    rl_learning_rate: float = 5.0e-4
+    rl_learning_rate: float = 3.0e-4
     group_size: int = 4
     eval_tasks: int | None = 18
     """Held-out eval-split tasks per harness in the final matrix (None: all 36)."""
-    eval_every: int = 4
+    eval_every: int = 6
     """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
     eval_tasks_during_training: int = 12
     """Held-out tasks per harness in each in-training evaluation."""

@@ -82,8 +82,9 @@ def _sft_overrides(m: MiniReproSpec, harnesses: list[str], teacher: Path, epochs
         "trainer.lr_scheduler_type=cosine",
         "trainer.warmup_steps=10",
         "trainer.per_device_batch_size=1",
-        "trainer.gradient_accumulation_steps=4",
+        f"trainer.gradient_accumulation_steps={m.sft_gradient_accumulation}",
         "trainer.max_length=32768",
+        "trainer.merge_turns=true",  # one example per rollout where its turns chain (each context once)
         "trainer.save_steps=100000",
         "trainer.dtype=float32",
         "trainer.gradient_checkpointing=false",
@@ -104,7 +105,11 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
     ]
     commands: dict[str, list[list[str]]] = {
         "teacher": [[*collect, f"harness=[{m.base_harness}]", f"tasks.limit={limit}"]],
-        "base": [_sft_overrides(m, [m.base_harness], teacher, m.base_epochs)],
+        "base": [
+            _sft_overrides(
+                m, list(m.harnesses) if m.base_sees_mix else [m.base_harness], teacher, m.base_epochs
+            )
+        ],
     }
     if others:
         commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={mix_limit}"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,16 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert teacher[0].tasks.name == "mini" and teacher[0].tasks.split == "train"
     (b,) = runs["base"]
     assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
-    assert list(b.harness) == ["pi"] and b.trainer.teacher_dir == str(tmp_path / "teacher")
+    # The base's data: every Pi rollout and the few of each other harness (base_sees_mix), one
+    # example per rollout, in the student the recipe is sized for, agents in the bwrap sandbox.
+    assert list(b.harness) == ["pi", "mini_swe_agent", "opencode"] and b.trainer.merge_turns
+    assert b.trainer.teacher_dir == str(tmp_path / "teacher") and b.model.name == "tiny_agent"
+    assert all(r.scheduler.sandbox.value == "bwrap" for rs in runs.values() for r in rs)
+    (b_one,) = [
+        _load(*o, f"output_dir={tmp_path / 'b1'}")
+        for o in stage_commands(replace(run.mini_repro, base_sees_mix=False), tmp_path, ckpts)["base"]
+    ]
+    assert list(b_one.harness) == ["pi"]
     for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", ["pi", "mini_swe_agent", "opencode"])):
         (r,) = runs[name]
         assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
