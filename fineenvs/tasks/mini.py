@@ -86,6 +86,7 @@ def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
     lo, hi = _VALUE_RANGES[split]
     specs: list[MiniSpec] = []
     seen: set[tuple[str, str, int]] = set()
+    rejected = 0
     while len(specs) < SPLIT_SIZES[split]:
         template = TEMPLATES[len(specs) % len(TEMPLATES)]
         stem = rng.choice(_STEMS[split])
@@ -93,6 +94,14 @@ def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
         index = VALUE_COLUMN
         key = (stem, names[index - 1], index)
         if template != "rows" and key in seen:
+            rejected += 1
+            if rejected > 100_000:  # every (file, column) pair is taken: no new task can be drawn
+                raise ValueError(
+                    f"the mini {split} split cannot have {SPLIT_SIZES[split]} tasks: its pools have "
+                    f"{len(_STEMS[split])} file stems x {len(_COLUMNS[split])} columns, and each sum/max "
+                    "question needs a (file, column) pair of its own. Fix: add names to the pools "
+                    "(a new MINI_VERSION) or ask for fewer tasks"
+                )
             continue
         seen.add(key)
         n_rows = rng.randint(*_ROW_COUNTS[split])

@@ -5,6 +5,8 @@ import io
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from fineenvs.engine.expert import solution_command
 from fineenvs.tasks import grade_workdir, load_tasks, materialize_inputs
 from fineenvs.tasks.mini import SPLIT_SIZES, generate_mini, split_specs
@@ -60,3 +62,11 @@ def test_the_experts_command_solves_every_task_and_is_graded_correct(tmp_path: P
         answer = int((work / "answer.txt").read_text())
         (work / "answer.txt").write_text(f"{answer + 1}\n")
         assert grade_workdir(task, work).score == 0.0
+
+
+def test_a_split_larger_than_its_name_pools_is_refused_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fineenvs.tasks import mini
+
+    monkeypatch.setitem(mini.SPLIT_SIZES, "eval", 72)  # 8 stems x 6 columns cannot hold 48 sum/max tasks
+    with pytest.raises(ValueError, match="cannot have 72 tasks"):
+        mini.split_specs("eval")
