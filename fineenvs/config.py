@@ -384,7 +384,8 @@ class MiniReproSpec:
     harnesses: list[str] = field(default_factory=lambda: ["pi", "mini_swe_agent", "opencode"])
     """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
     base_harness: str = "pi"
-    """The one harness whose teacher rollouts warm-start the student (the "base") and RL'd alone.
+    """The harness the base is mostly trained in (all its training tasks; see ``base_sees_mix``) and
+    RL'd in alone.
     Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/)."""

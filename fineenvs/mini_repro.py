@@ -9,7 +9,8 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 
 ``teacher``  the scripted expert (``engine.policy=expert``) through the real harnesses on the
              training split: every task in ``base_harness``, ``sft_mix_tasks`` in the others;
-``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts only;
+``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts (plus the
+             few of each other harness with ``base_sees_mix``);
 ``rl_one``   GRPO from the base in ``base_harness`` alone;
 ``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, rotation);
 ``sft_mix``  SFT from the base on the teacher's rollouts across ``harnesses``;

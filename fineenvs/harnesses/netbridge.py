@@ -82,6 +82,8 @@ class UnixToTcp:
         self._thread.start()
         self._ready.wait(10)
         if self._error is not None:
+            if self.cleanup_dir is not None:  # __exit__ will not run
+                os.rmdir(self.cleanup_dir)
             raise RuntimeError(
                 f"the sandbox's proxy bridge could not listen on {self.socket_path}: {self._error}"
             ) from self._error

@@ -223,7 +223,8 @@ def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: 
     # path inside the sandbox.
     sock_dir = Path(tempfile.mkdtemp(prefix="fineenvs-br-"))
     sock = sock_dir / "proxy.sock"
-    if len(str(sock).encode()) > 100:
+    if len(str(sock).encode()) > 107:  # sun_path holds 108 bytes with the terminating NUL
+        sock_dir.rmdir()
         raise RuntimeError(
             f"the sandbox's proxy socket path {sock} is longer than a Unix socket allows (108 bytes): "
             "TMPDIR is too deep. Fix: set TMPDIR to a short folder, e.g. TMPDIR=/tmp"
