@@ -1,4 +1,4 @@
-"""Local report for people without W&B: ``python -m fineenvs.report <run dir or sweep dir>``.
+"""Local report for people without W&B: ``python -m fineenvs.report RUN [--out DIR]``.
 
 Reads what every run writes next to its checkpoints — ``metrics.jsonl`` (the logger's per-step
 metrics), ``attempts.jsonl`` (one line per attempt) and ``eval/results.json`` (evaluation jobs and
@@ -10,6 +10,7 @@ evaluation matrix (checkpoint × harness pass@1) as a heatmap, plus the tables. 
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import sys
@@ -223,13 +224,30 @@ def write_report(root: Path, out_dir: Path | None = None) -> Path:
     return index
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fineenvs.report",
+        description=(
+            "Plot a fineenvs run without W&B: reward and pass rate per harness over steps, train/ratio, tool "
+            "calls per attempt by harness and the evaluation matrix (checkpoint x harness pass@1), from the "
+            "run's metrics.jsonl, attempts.jsonl and eval/results.json. A Hydra multirun sweep directory "
+            "gets one section per job."
+        ),
+    )
+    parser.add_argument("run", type=Path, help="a run's output directory, or a multirun sweep directory")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where index.html and the PNG plots go (created if missing; default: RUN/report)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python -m fineenvs.report <run dir or multirun sweep dir>", file=sys.stderr)
-        return 2
+    args = _parser().parse_args(argv)
     try:
-        index = write_report(Path(args[0]))
+        index = write_report(args.run, args.out)
     except FileNotFoundError as err:
         print(f"fineenvs report: {err}", file=sys.stderr)
         return 1

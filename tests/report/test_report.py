@@ -82,4 +82,23 @@ def test_report_over_sweep_dir(tmp_path: Path) -> None:
 def test_report_cli_errors_on_empty_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path)]) == 1
     assert "holds no fineenvs run" in capsys.readouterr().err
-    assert main([]) == 2
+    with pytest.raises(SystemExit) as missing:
+        main([])
+    assert missing.value.code == 2
+    assert "the following arguments are required: run" in capsys.readouterr().err
+
+
+def test_report_cli_help_says_where_it_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as shown:
+        main(["--help"])
+    assert shown.value.code == 0
+    text = capsys.readouterr().out
+    assert "--out" in text and "RUN/report" in text
+
+
+def test_report_cli_writes_to_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _fake_run(tmp_path / "run")
+    assert main([str(run), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "index.html").is_file() and (tmp_path / "plots" / "reward.png").is_file()
+    assert not (run / "report").exists()
+    assert str(tmp_path / "plots" / "index.html") in capsys.readouterr().out
