@@ -373,7 +373,7 @@ class EvalSpec:
 
 @dataclass
 class MiniReproSpec:
-    """``job=mini_repro``: the stages of the CPU learning mini-reproduction (``fineenvs.mini_repro``).
+    """``job=mini_repro``: the stages of the CPU learning mini-reproduction (``fineenvs.jobs.mini_repro``).
 
     Each stage is its own run of ``python -m fineenvs.run`` in ``<output_dir>/<stage>``; a stage
     whose ``STAGE_DONE`` file exists is skipped, so a rerun resumes."""

@@ -39,22 +39,6 @@ class AttemptSettings:
     step_limits: dict[str, int | None]
     use_bwrap: bool = False
 
-    @classmethod
-    def from_run(cls, run: Any, *, proxy_url: str, served_model: str, attempts_dir: Path) -> AttemptSettings:
-        """The settings every job (RL, teacher collection, evaluation) derives from its config."""
-        s = run.scheduler
-        return cls(
-            proxy_url=proxy_url,
-            admin_key=run.proxy.admin_key,
-            served_model=served_model,
-            attempts_dir=attempts_dir,
-            timeout_seconds=s.attempt_timeout_seconds,
-            max_model_calls=s.max_model_calls,
-            api_formats={n: h.api_format.value for n, h in run.harness.items()},
-            step_limits={n: h.step_limit for n, h in run.harness.items()},
-            use_bwrap=s.sandbox.value == "bwrap",
-        )
-
 
 class ProxyAttemptRunner:
     def __init__(

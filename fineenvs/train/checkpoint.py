@@ -18,18 +18,39 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from fineenvs.train.grpo import CapturedGRPOTrainer
 
 STATE_FILE = "trainer_state.json"
 REQUIRED = ("config.json", "optimizer.pt", "scheduler.pt", STATE_FILE)
 
 
-def save_checkpoint(trainer: CapturedGRPOTrainer, directory: Path) -> Path:
+class CheckpointedTrainer(Protocol):
+    """What a checkpoint reads and restores (``CapturedGRPOTrainer`` has it; this module needs no
+    import of the trainer, which calls into it)."""
+
+    @property
+    def model_dir(self) -> Path: ...
+    @property
+    def accelerator(self) -> Any: ...
+    @property
+    def unwrapped_model(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def optimizer(self) -> Any: ...
+    @property
+    def lr_scheduler(self) -> Any: ...
+
+    def state_dict(self, dtype: Any = None) -> dict[str, torch.Tensor]: ...
+
+    def trainer_state(self) -> dict[str, Any]: ...
+
+    def restore_trainer_state(self, state: dict[str, Any]) -> None: ...
+
+
+def save_checkpoint(trainer: CheckpointedTrainer, directory: Path) -> Path:
     """Write ``trainer``'s full state to ``directory`` (replacing it); return the directory."""
     acc = trainer.accelerator
     state_dict = trainer.state_dict()  # collective under FSDP: every process takes part
@@ -51,7 +72,7 @@ def save_checkpoint(trainer: CapturedGRPOTrainer, directory: Path) -> Path:
     return directory
 
 
-def load_checkpoint(trainer: CapturedGRPOTrainer, directory: Path) -> None:
+def load_checkpoint(trainer: CheckpointedTrainer, directory: Path) -> None:
     """Restore weights, optimizer, scheduler, RNG and step counters from ``directory``."""
     from safetensors.torch import load_file
 

@@ -96,9 +96,9 @@ def test_a_run_splits_the_gpus_before_cuda_starts(tmp_path: Path, monkeypatch: p
     from hydra import compose, initialize_config_dir
 
     from fineenvs.config import to_run_config
+    from fineenvs.jobs.builders import apply_trainer_devices
     from fineenvs.paths import CONF_DIR
     from fineenvs.plan import describe_plan, preflight
-    from fineenvs.stack import apply_trainer_devices
 
     from .vllm_helpers import install_standin
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-import fineenvs.eval as ev
+import fineenvs.jobs.eval as ev
 from fineenvs.config import RunConfig, to_run_config
 from fineenvs.logging import MetricLogger, read_metrics
 from fineenvs.paths import CONF_DIR
@@ -61,19 +61,17 @@ def test_hook_reuses_the_running_proxy_and_accumulates_steps(
     runners: list[Solver] = []
     seen: list[dict[str, Any]] = []
 
-    def fake_runner(
-        run: RunConfig, proxy_url: str, served: str, attempts_dir: Path, tasks: list[Any]
-    ) -> Solver:
-        seen.append({"proxy_url": proxy_url, "served": served, "tasks": [t.task_id for t in tasks]})
+    def fake_runner(run: RunConfig, tasks: list[Any], *, proxy_url: str, served_model: str, **kw: Any) -> Solver:
+        seen.append({"proxy_url": proxy_url, "served": served_model, "tasks": [t.task_id for t in tasks]})
         runners.append(Solver(solved={tasks[0].task_id} if runners else set(), tools=6 if runners else 9))
         return runners[-1]
 
     def no_engine(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the hook must reuse the running proxy, not start an engine")
 
-    monkeypatch.setattr(ev, "_runner", fake_runner)
-    monkeypatch.setattr("fineenvs.stack.start_engine", no_engine)
-    monkeypatch.setattr("fineenvs.stack.start_proxy", no_engine)
+    monkeypatch.setattr(ev, "attempt_runner", fake_runner)
+    monkeypatch.setattr("fineenvs.jobs.runtime.start_engine", no_engine)
+    monkeypatch.setattr("fineenvs.jobs.runtime.start_proxy", no_engine)
 
     with MetricLogger(run.logger, tmp_path, run_name="t", config={}) as logger:
         m1 = asyncio.run(
@@ -150,7 +148,7 @@ def test_hook_against_a_running_engine(tmp_path: Path) -> None:
     import httpx
 
     from fineenvs.harnesses import check_installed
-    from fineenvs.stack import resolve_model_dir, start_engine
+    from fineenvs.jobs.builders import resolve_model_dir, start_engine
 
     problems = check_installed(["mini_swe_agent"])
     if problems:

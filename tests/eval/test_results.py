@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.eval import (
+from fineenvs.jobs.eval import (
     EvalAttempt,
     EvalError,
     compute_results,
@@ -238,7 +238,7 @@ def _o(
 def _run(
     runner: ScriptedRunner, prior: list[EvalAttempt], sink_path: Path, retries: int = 2
 ) -> list[EvalAttempt]:
-    from fineenvs.eval import append_attempt
+    from fineenvs.jobs.eval import append_attempt
 
     return asyncio.run(
         run_cells(

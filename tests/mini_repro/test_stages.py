@@ -19,7 +19,7 @@ from fineenvs.config import (
     SFTSpec,
     to_run_config,
 )
-from fineenvs.mini_repro import STAGES, stage_commands, summary_table, wilson
+from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table, wilson
 from fineenvs.paths import CONF_DIR
 
 

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fineenvs.rl import GroupAdmission, LoopStats, RunAborted, _stamp_rows
+from fineenvs.jobs.errors import RunAborted
+from fineenvs.jobs.rl import GroupAdmission, LoopStats, _stamp_rows
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, GroupOutcome, RolloutState
 
@@ -115,7 +116,7 @@ def _correct_group(i: int, correct: list[float], harness: str = "opencode") -> G
 def test_all_equal_groups_are_counted_without_signal_per_harness() -> None:
     """All-zero (the untrained model's case) and all-correct groups train with advantage 0: counted
     per step and per harness, and their rows show up as zero-advantage rows."""
-    from fineenvs.rl import advantage_metrics, group_metrics
+    from fineenvs.jobs.rl import advantage_metrics, group_metrics
 
     adm = _admission(rows_per_step=8)
     groups = [
@@ -151,7 +152,7 @@ def test_unequal_partial_credit_has_signal_and_equal_partial_does_not() -> None:
 
 def test_summary_says_why_a_tiny_models_reward_is_0() -> None:
     from fineenvs.config import ModelSource
-    from fineenvs.rl import zero_reward_reason
+    from fineenvs.jobs.rl import zero_reward_reason
 
     stats = LoopStats(rewards=[0.0, 0.0])
     run = SimpleNamespace(model=SimpleNamespace(source=ModelSource.tiny, path="tiny_qwen"))

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.rollout.schedule import PlannedGroup
-from fineenvs.rollout.scheduler import AttemptOutcome
-from fineenvs.sft import (
+from fineenvs.jobs.errors import CollectionAborted
+from fineenvs.jobs.teacher import (
     PAIRS_LOG,
     TEACHER_MANIFEST,
-    CollectionAborted,
     PairResult,
     _pair_record,
     collect_pairs,
@@ -22,6 +20,8 @@ from fineenvs.sft import (
     teacher_pairs,
     write_teacher_manifest,
 )
+from fineenvs.rollout.schedule import PlannedGroup
+from fineenvs.rollout.scheduler import AttemptOutcome
 
 
 def _outcome(group: PlannedGroup, index: int, correct: float | None) -> AttemptOutcome:
@@ -177,9 +177,9 @@ def test_sft_job_needs_a_teacher_dir(tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     from fineenvs.config import to_run_config
+    from fineenvs.jobs.errors import RunAborted
+    from fineenvs.jobs.sft import run_sft
     from fineenvs.paths import REPO_ROOT
-    from fineenvs.rl import RunAborted
-    from fineenvs.sft import run_sft
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=["+experiment=sft_opencode", f"output_dir={tmp_path}"])

@@ -153,8 +153,8 @@ def test_student_is_rendered_with_its_serving_template() -> None:
     from hydra import compose, initialize_config_dir
 
     from fineenvs.config import to_run_config
+    from fineenvs.jobs.sft import student_chat_template
     from fineenvs.paths import REPO_ROOT
-    from fineenvs.sft import student_chat_template
     from tests.sft.sessions import SYSTEM, TOOL_RESULT, TOOLS, TURN1, TURN2, USER
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):

@@ -276,8 +276,8 @@ def test_recipes_train_on_the_shared_path_and_bad_values_name_the_choices() -> N
     from hydra.errors import ConfigCompositionException
 
     from fineenvs.config import to_run_config
+    from fineenvs.jobs.rl import trainer_settings
     from fineenvs.paths import CONF_DIR
-    from fineenvs.rl import trainer_settings
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for experiment in ("smoke", "mini_repro"):

@@ -34,14 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.config import MiniReproSpec, RunConfig
+from fineenvs.jobs.errors import StageFailed
 
 STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
 DONE = "STAGE_DONE"
-
-
-class StageFailed(RuntimeError):
-    pass
 
 
 def _list(values: list[str]) -> str:
@@ -148,7 +145,7 @@ def _stage_checkpoint(stage_dir: Path) -> Path | None:
         ckpt = json.loads(summary.read_text()).get("checkpoint")
         if ckpt and Path(ckpt).is_dir():
             return Path(ckpt)
-    from fineenvs.rl import latest_checkpoint
+    from fineenvs.jobs.rl import latest_checkpoint
 
     return latest_checkpoint(stage_dir / "checkpoints")
 

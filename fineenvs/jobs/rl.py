@@ -24,30 +24,20 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fineenvs.config import GRPOSpec, ModelSource, RunConfig, WeightSyncKind
+from fineenvs.jobs.builders import engine_dtype, load_run_tasks, resolve_model_dir, row_options
+from fineenvs.jobs.errors import RunAborted
+from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
 from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
-from fineenvs.stack import (
-    engine_dtype,
-    load_run_tasks,
-    resolve_model_dir,
-    reward_function,
-    start_engine,
-    start_proxy,
-)
 
-log = logging.getLogger("fineenvs.rl")
-
-
-class RunAborted(RuntimeError):
-    """The run cannot make progress; the message says why and what to check."""
+log = logging.getLogger("fineenvs.jobs.rl")
 
 
 def trainer_settings(run: RunConfig) -> Any:
@@ -253,23 +243,16 @@ def run_rl(run: RunConfig) -> float:
 
 
 async def _run_rl(run: RunConfig) -> float:
-    from fineenvs.engine import probe_engine, require_training_grade
-    from fineenvs.harnesses import check_installed
-    from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
     from fineenvs.train.grpo import CapturedGRPOTrainer
     from fineenvs.train.lockstep import Lockstep
-    from fineenvs.trajectory import RowOptions
 
     assert isinstance(run.trainer, GRPOSpec)
     t, s = run.trainer, run.scheduler
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    problems = check_installed(list(run.harness))
-    if problems:
-        raise RunAborted("harness CLIs missing:\n  " + "\n  ".join(problems))
+    check_harnesses(run)  # before the trainer loads: a missing CLI fails in seconds, not after a 27B load
 
     tasks = load_run_tasks(run)
-    task_map = {task.task_id: task for task in tasks}
     names = tuple(run.harness)
     mix = HarnessMix(names, tuple(run.harness[n].weight for n in names))
     schedule = build_schedule(
@@ -281,15 +264,7 @@ async def _run_rl(run: RunConfig) -> float:
         seed=s.seed,
     )
     digest = schedule_hash(schedule)
-    rows_cfg = run.rows
-    row_options = RowOptions(
-        max_tokens=t.token_budget,
-        overlong=rows_cfg.overlong.value,
-        shared_prefix=rows_cfg.shared_prefix.value,
-        drop_discarded=rows_cfg.drop_discarded,
-        drop_auxiliary=rows_cfg.drop_auxiliary,
-        train_constrained=rows_cfg.train_constrained,
-    )
+    rows = row_options(run, t.token_budget)
     model_dir = resolve_model_dir(run)
     stats = LoopStats()
     started = time.monotonic()
@@ -335,15 +310,10 @@ async def _run_rl(run: RunConfig) -> float:
         weights = lock.call("state_dict", dtype, checkpoint_names)
         weights_sync.push(weights, trainer.policy_version)
 
-    with ExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         stack.callback(lock.stop)
-        engine = start_engine(run, model_dir, out, stack)
-        print(f"Built engine {engine.kind} on {engine.url} serving {engine.served_model_name}", flush=True)
-        report = await asyncio.to_thread(probe_engine, engine.url, engine.served_model_name)
-        print(f"Engine probe: grade={report.grade.value}", flush=True)
-        require_training_grade(report)
-        proxy_url = start_proxy(run, engine, out, stack)
-        print(f"Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
+        rt = await stack.enter_async_context(job_runtime(run, out, model_dir=model_dir, probe=Probe.require))
+        engine = rt.engine
         pushing = sync is not WeightSyncKind.none
         if pushing and engine.weight_sync is None:
             raise RunAborted(
@@ -360,14 +330,7 @@ async def _run_rl(run: RunConfig) -> float:
         logger = stack.enter_context(
             MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
-        runner = ProxyAttemptRunner(
-            AttemptSettings.from_run(
-                run, proxy_url=proxy_url, served_model=engine.served_model_name, attempts_dir=out / "attempts"
-            ),
-            tasks=task_map,
-            reward_fn=reward_function(run),
-            row_options=row_options,
-        )
+        runner = rt.attempt_runner(tasks, attempts_dir=out / "attempts", row_options=rows)
         scheduler = RolloutScheduler(
             schedule,
             runner,
@@ -437,14 +400,14 @@ async def _run_rl(run: RunConfig) -> float:
                                 # The evaluation must see this checkpoint's weights, not the last pushed ones.
                                 await asyncio.to_thread(push_weights, engine.weight_sync)
                                 stats.weight_pushes += 1
-                            from fineenvs.eval import aevaluate_checkpoint
+                            from fineenvs.jobs.eval import aevaluate_checkpoint
 
                             await aevaluate_checkpoint(
                                 run,
                                 ckpt,
                                 stats.steps,
                                 engine_url=engine.url,
-                                proxy_url=proxy_url,
+                                proxy_url=rt.proxy_url,
                                 served_model=engine.served_model_name,
                                 logger=logger,
                             )
@@ -453,7 +416,6 @@ async def _run_rl(run: RunConfig) -> float:
         finally:
             display.close()
             state.save(state_path)
-            await runner.aclose()
     return _summary(run, stats, out, started)
 
 

@@ -10,22 +10,22 @@ from fineenvs.config import Job, RunConfig
 
 def _runner(job: Job) -> Callable[[RunConfig], float | None]:
     if job is Job.rl:
-        from fineenvs.rl import run_rl
+        from fineenvs.jobs.rl import run_rl
 
         return run_rl
     if job is Job.collect_teacher:
-        from fineenvs.sft import run_collect_teacher
+        from fineenvs.jobs.teacher import run_collect_teacher
 
         return run_collect_teacher
     if job is Job.sft:
-        from fineenvs.sft import run_sft
+        from fineenvs.jobs.sft import run_sft
 
         return run_sft
     if job is Job.mini_repro:
-        from fineenvs.mini_repro import run_mini_repro
+        from fineenvs.jobs.mini_repro import run_mini_repro
 
         return run_mini_repro
-    from fineenvs.eval import run_eval
+    from fineenvs.jobs.eval import run_eval
 
     return run_eval
 
@@ -33,8 +33,8 @@ def _runner(job: Job) -> Callable[[RunConfig], float | None]:
 def run_job(run: RunConfig) -> float | None:
     """Run the configured job; returns the sweep objective (mean reward or pass@1) when there is one."""
     from fineenvs.engine.devices import DeviceError
-    from fineenvs.rl import RunAborted
-    from fineenvs.stack import apply_trainer_devices
+    from fineenvs.jobs.builders import apply_trainer_devices
+    from fineenvs.jobs.errors import RunAborted
 
     try:
         trainer_gpus = apply_trainer_devices(run)  # before anything starts CUDA in this process

@@ -5,8 +5,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from fineenvs.config import to_run_config
+from fineenvs.jobs.builders import reward_function
 from fineenvs.paths import CONF_DIR
-from fineenvs.stack import reward_function
 
 
 def _run(*overrides: str):  # type: ignore[no-untyped-def]
@@ -35,7 +35,7 @@ def test_correctness_only_reward() -> None:
 
 def test_an_attached_engine_gets_the_weight_transport_its_sync_names(tmp_path: Path) -> None:
     from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync
-    from fineenvs.stack import attached_weight_sync
+    from fineenvs.jobs.builders import attached_weight_sync
 
     url = "http://10.0.0.5:8000/v1"
     reload = attached_weight_sync(_run("engine=vllm", f"engine.url={url}"), url, tmp_path)

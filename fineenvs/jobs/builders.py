@@ -1,7 +1,9 @@
-"""Assembling a job's runtime from the typed config: model directory, tasks, engine, proxy.
+"""``RunConfig`` -> the settings and processes of a job's components: the one place that reads it.
 
-Shared by every job (RL, teacher collection, evaluation): each builder takes the ``RunConfig``
-and an ``ExitStack`` that stops what it started, in reverse order, on any exit.
+Components (engine launchers, the proxy, the attempt runner, the trajectory rows, the reward) take
+flat typed settings; these builders derive them from the run's config. Those that start a process
+take an ``ExitStack`` that stops it, in reverse order, on any exit; ``fineenvs.jobs.runtime``
+strings them together.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
+from fineenvs.rollout.attempt import AttemptSettings
+from fineenvs.trajectory import RowOptions
 
 
 def resolve_model_dir(run: RunConfig) -> Path:
@@ -44,7 +48,12 @@ def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
 
 
 def start_engine(
-    run: RunConfig, model_dir: Path, out: Path, stack: ExitStack, *, served_model_name: str | None = None
+    run: RunConfig,
+    model_dir: Path,
+    out: Path,
+    stack: ExitStack | AsyncExitStack,
+    *,
+    served_model_name: str | None = None,
 ) -> Any:
     """Launch (or attach to) the engine; returns its ``EngineHandle``. ``served_model_name``
     overrides the name clients use (evaluation serves a checkpoint under the base model's name)."""
@@ -126,7 +135,7 @@ def apply_trainer_devices(run: RunConfig) -> str | None:
     return value
 
 
-def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack) -> str:
+def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack | AsyncExitStack) -> str:
     """The capture proxy as a child process on loopback; returns its base URL."""
     from fineenvs.engine.launcher import free_port, launched
 
@@ -174,3 +183,34 @@ def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool]
         return compute_reward(correct, tool_calls, verified or (trust_any and tool_calls is not None), spec)
 
     return reward
+
+
+def attempt_settings(
+    run: RunConfig, *, proxy_url: str, served_model: str, attempts_dir: Path
+) -> AttemptSettings:
+    """What every job's attempt runner (RL, teacher collection, evaluation) needs from the config."""
+    s = run.scheduler
+    return AttemptSettings(
+        proxy_url=proxy_url,
+        admin_key=run.proxy.admin_key,
+        served_model=served_model,
+        attempts_dir=attempts_dir,
+        timeout_seconds=s.attempt_timeout_seconds,
+        max_model_calls=s.max_model_calls,
+        api_formats={n: h.api_format.value for n, h in run.harness.items()},
+        step_limits={n: h.step_limit for n, h in run.harness.items()},
+        use_bwrap=s.sandbox.value == "bwrap",
+    )
+
+
+def row_options(run: RunConfig, max_tokens: int) -> RowOptions:
+    """How recorded calls become training rows (``rows.*``), cut at ``max_tokens`` per row."""
+    r = run.rows
+    return RowOptions(
+        max_tokens=max_tokens,
+        overlong=r.overlong.value,
+        shared_prefix=r.shared_prefix.value,
+        drop_discarded=r.drop_discarded,
+        drop_auxiliary=r.drop_auxiliary,
+        train_constrained=r.train_constrained,
+    )

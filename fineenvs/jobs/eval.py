@@ -33,6 +33,7 @@ mean(baseline) over those cells.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -41,27 +42,25 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
+from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
+from fineenvs.jobs.errors import EvalError, RunAborted
+from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
 from fineenvs.logging import MetricLogger, metric_key
-from fineenvs.rollout.attempt import AttemptSettings, ProxyAttemptRunner
+from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
-from fineenvs.stack import reward_function
+from fineenvs.trajectory import RowOptions
 
-log = logging.getLogger("fineenvs.eval")
+log = logging.getLogger("fineenvs.jobs.eval")
 
 SCHEMA_VERSION = 1
 BASE = "base"
 """``eval.checkpoints`` entry meaning the model under ``model`` (e.g. ``[base,outputs/.../step-700]``)."""
-
-
-class EvalError(ValueError):
-    """The evaluation cannot start; the message says what to fix."""
 
 
 # --------------------------------------------------------------------------- attempt records
@@ -512,7 +511,6 @@ def resolve_checkpoints(run: RunConfig) -> list[tuple[str, RunConfig]]:
 
 
 def eval_tasks(run: RunConfig, limit: int | None) -> list[Any]:
-    from fineenvs.stack import load_run_tasks
 
     tasks = load_run_tasks(
         dataclasses.replace(run, tasks=dataclasses.replace(run.tasks, limit=limit)), run.eval.split
@@ -530,29 +528,8 @@ def _slug(checkpoint: str) -> str:
     return f"{name}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:8]}"
 
 
-def _runner(
-    run: RunConfig, proxy_url: str, served: str, attempts_dir: Path, tasks: list[Any]
-) -> EvalAttemptRunner:
-    from fineenvs.trajectory import RowOptions
-
-    return EvalAttemptRunner(
-        AttemptSettings.from_run(run, proxy_url=proxy_url, served_model=served, attempts_dir=attempts_dir),
-        tasks={t.task_id: t for t in tasks},
-        reward_fn=reward_function(run),
-        row_options=RowOptions(),
-    )
-
-
 def _check_harnesses(run: RunConfig) -> None:
-    from fineenvs.harnesses import check_installed
-
-    problems = check_installed(list(run.harness))
-    if problems:
-        raise EvalError(
-            "harness CLIs missing:\n  "
-            + "\n  ".join(problems)
-            + "\nInstall them with `python -m fineenvs.harnesses install <name>` or drop them from `harness`."
-        )
+    check_harnesses(run, EvalError)
 
 
 async def _evaluate_served(
@@ -568,7 +545,15 @@ async def _evaluate_served(
     policy_version: int = 0,
     step: int | None = None,
 ) -> list[EvalAttempt]:
-    runner = _runner(run, proxy_url, served, out / "attempts", tasks)
+    runner = attempt_runner(
+        run,
+        tasks,
+        proxy_url=proxy_url,
+        served_model=served,
+        attempts_dir=out / "attempts",
+        row_options=RowOptions(),
+        runner_class=EvalAttemptRunner,
+    )
     try:
         return await run_cells(
             runner,
@@ -610,24 +595,21 @@ async def _serve_and_evaluate(
     step: int | None = None,
 ) -> list[EvalAttempt]:
     """Start what is not given (engine on the checkpoint, proxy in front of it), then run the cells."""
-    from fineenvs.engine import attach
-    from fineenvs.stack import resolve_model_dir, start_engine, start_proxy
-
     served = served or served_model_name(run)
-    with ExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         if proxy_url is None:
-            if engine_url is not None:
-                engine = attach(engine_url)
-            else:
-                engine = start_engine(
-                    ckpt_run, resolve_model_dir(ckpt_run), out, stack, served_model_name=served
+            rt = await stack.enter_async_context(
+                job_runtime(
+                    ckpt_run,
+                    out,
+                    model_dir=None if engine_url else resolve_model_dir(ckpt_run),
+                    engine_url=engine_url,
+                    served_model_name=served,
+                    label=f"eval {checkpoint}",
+                    check=False,  # checked once before the first checkpoint
                 )
-                print(
-                    f"eval {checkpoint}: engine {engine.kind} on {engine.url} serving {engine.served_model_name}",
-                    flush=True,
-                )
-            served = engine.served_model_name
-            proxy_url = start_proxy(ckpt_run, engine, out, stack)
+            )
+            proxy_url, served = rt.proxy_url, rt.engine.served_model_name
         return await _evaluate_served(
             run, checkpoint=checkpoint, out=out, proxy_url=proxy_url, served=served, tasks=tasks,
             records=records, prior=prior, policy_version=policy_version, step=step,
@@ -637,8 +619,6 @@ async def _serve_and_evaluate(
 def run_eval(run: RunConfig) -> float:
     """``job=eval``: every checkpoint x harness x task; writes ``eval/results.json``; returns the
     overall pass@1 of the last checkpoint (the sweep objective)."""
-    from fineenvs.rl import RunAborted  # the job runner prints it without a traceback
-
     try:
         return asyncio.run(_run_eval(run))
     except EvalError as err:

@@ -1,0 +1,199 @@
+"""``job=sft``: supervised fine-tuning on a teacher collection's kept rollouts.
+
+SFT reads ``trainer.teacher_dir`` (the output directory of ``job=collect_teacher``,
+``fineenvs.jobs.teacher``), keeps the sessions whose harness is in ``run.harness``
+(``sft_opencode``: OpenCode only; ``sft_multi``: all four), builds one example per assistant turn
+re-rendered with the student's chat template (``fineenvs.train.sft``), writes the dataset and its
+per-harness counts, and trains with TRL's ``SFTTrainer``; the final checkpoint lands in
+``<output_dir>/checkpoints/step-<N>``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
+from fineenvs.jobs.builders import resolve_model_dir
+from fineenvs.jobs.errors import RunAborted
+from fineenvs.jobs.teacher import TEACHER_MANIFEST
+from fineenvs.logging import write_summary
+
+
+def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
+    """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
+    path = teacher_dir / TEACHER_MANIFEST
+    if not path.is_file():
+        raise RunAborted(
+            f"{path} does not exist: trainer.teacher_dir must be the output directory of a finished "
+            "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
+        )
+    from fineenvs.proxy.store import CallStore
+    from fineenvs.train.sft import TeacherSession
+
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    store_dir = Path(manifest["store_dir"])
+    if not store_dir.is_dir() and (teacher_dir / "records").is_dir():
+        store_dir = teacher_dir / "records"  # the collection directory was moved with its records
+    store = CallStore(store_dir, fsync=False)
+    sessions = [
+        TeacherSession(
+            task_id=e["task"],
+            harness=e["harness"],
+            session_id=e["session_id"],
+            calls=store.read_session(e["session_id"])["calls"],
+        )
+        for e in manifest["sessions"]
+    ]
+    return sessions, manifest
+
+
+def student_chat_template(run: RunConfig) -> str | None:
+    """The template the student is served with, when it is not the tokenizer's own.
+
+    vLLM serves the published families with a patched non-thinking template
+    (``fineenvs.engine.vllm``); the SFT prompts must be the ones the student will see there. Tiny
+    models and the embedded engine use the tokenizer's template.
+    """
+    if run.model.source is ModelSource.tiny or run.engine.kind is not EngineKind.vllm:
+        return None
+    from fineenvs.engine.vllm import PROFILES, model_family, patch_template, trl_chat_template
+
+    family = model_family(run.model.path)
+    source = PROFILES[family].trl_template
+    return None if source is None else patch_template(family, trl_chat_template(source))
+
+
+def _eos_ids(model_dir: Path) -> list[int]:
+    from transformers import GenerationConfig
+
+    try:
+        value = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value] if isinstance(value, list) else []
+
+
+def run_sft(run: RunConfig) -> float | None:
+    t = run.trainer
+    if not isinstance(t, SFTSpec):
+        raise RunAborted("job=sft needs trainer=sft")
+    if not t.teacher_dir:
+        raise RunAborted(
+            "trainer.teacher_dir is unset: job=sft trains on the kept sessions of a teacher collection. "
+            "Fix: trainer.teacher_dir=<output dir of +experiment=collect_teacher>"
+        )
+    out = Path(str(run.output_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
+    if t.max_rollouts_per_harness is not None:
+        taken: Counter[str] = Counter()
+        kept_sessions = []
+        for s in sorted(sessions, key=lambda s: (s.harness, s.task_id)):
+            if taken[s.harness] < t.max_rollouts_per_harness:
+                taken[s.harness] += 1
+                kept_sessions.append(s)
+        sessions = kept_sessions
+    from transformers import AutoTokenizer
+
+    from fineenvs.logging import MetricLogger
+    from fineenvs.train.sft import (
+        SFTSettings,
+        StudentRenderer,
+        build_sft_examples,
+        merge_turns,
+        train_sft,
+        write_examples,
+    )
+
+    harnesses = list(run.harness)
+    available = sorted({s.harness for s in sessions})
+    if not set(harnesses) & set(available):
+        raise RunAborted(
+            f"the teacher collection in {t.teacher_dir} kept sessions for {available or 'no harness'}, none of "
+            f"the configured harnesses {harnesses}. Fix: harness=<one of those>, or collect with these harnesses."
+        )
+    model_dir = resolve_model_dir(run)
+    renderer = StudentRenderer(
+        AutoTokenizer.from_pretrained(model_dir),
+        chat_template=student_chat_template(run),
+        template_kwargs=dict(run.model.chat_template_kwargs),
+        eos_token_ids=_eos_ids(model_dir),
+    )
+    examples, stats = build_sft_examples(
+        sessions,
+        renderer,
+        harnesses=harnesses,
+        max_length=t.max_length,
+        drop_auxiliary=run.rows.drop_auxiliary,
+    )
+    turns = len(examples)
+    if t.merge_turns:
+        examples = merge_turns(examples)
+    data_dir = out / "sft_dataset"
+    write_examples(data_dir / "examples.jsonl", examples)
+    dataset_info = {
+        "teacher_dir": str(t.teacher_dir),
+        "teacher_model": manifest.get("teacher_model"),
+        "student_model": run.model.path,
+        "harnesses": harnesses,
+        "rerendered": True,
+        "turns": turns,
+        "merged_turns": t.merge_turns,
+        **stats.to_json(),
+    }
+    (data_dir / "dataset.json").write_text(json.dumps(dataset_info, indent=2))
+    print(
+        f"SFT dataset: {len(examples)} examples ({turns} assistant turns) from {sum(stats.sessions.values())} teacher rollouts "
+        f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
+        flush=True,
+    )
+    settings = SFTSettings(
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_steps,
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,
+        per_device_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        max_length=t.max_length,
+        save_steps=t.save_steps,
+        dtype=t.dtype,
+        gradient_checkpointing=t.gradient_checkpointing,
+        seed=run.seed,
+    )
+    losses: list[float] = []
+    with MetricLogger(
+        run.logger, out, run_name=run.logger.name or run.experiment or "sft", config=run
+    ) as logger:
+
+        def on_log(metrics: dict[str, float], step: int) -> None:
+            if "train/loss" in metrics:
+                losses.append(metrics["train/loss"])
+            logger.log(metrics, step=step)
+
+        result = train_sft(model_dir, examples, settings, out, on_log=on_log)
+    summary = {
+        "examples": len(examples),
+        "teacher_rollouts": sum(stats.sessions.values()),
+        "examples_per_harness": stats.examples,
+        "supervised_tokens": sum(stats.supervised_tokens.values()),
+        "skipped_turns": stats.skipped,
+        "steps": result.global_step,
+        "train_loss": result.train_loss,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "mean_loss": statistics.fmean(losses) if losses else None,
+        "checkpoint": str(result.checkpoint),
+        "seconds": round(time.monotonic() - started, 1),
+        "output_dir": str(out),
+    }
+    write_summary(out, "fineenvs SFT summary", summary)
+    return None
