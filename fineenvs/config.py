@@ -2,7 +2,7 @@
 
 Every YAML option under ``conf/<group>/`` starts from the schema registered here for its group, so
 a typo or a wrong type fails at composition with Hydra's own message (``trainer=sft
-trainer.num_generations=8`` fails because ``SFTSpec`` has no such field). ``to_run_config`` turns
+trainer.epsilon_high=0.28`` fails because ``SFTSpec`` has no such field). ``to_run_config`` turns
 the composed ``DictConfig`` into these dataclasses once; code after that point sees only typed
 objects. ``validate`` runs every cross-field and cross-component check and raises one
 ``ConfigError`` listing all problems, each with the full key, what is wrong, why, and the override
@@ -17,6 +17,12 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
+
+# The proxy's own defaults are the run config's: one source for each (fineenvs.proxy.settings).
+_PROXY = ProxySettings()
+_SAMPLING = SamplingPolicy()
 
 
 class ConfigError(ValueError):
@@ -69,16 +75,6 @@ class ApiFormat(enum.Enum):
     openai_responses = "openai_responses"
     anthropic_messages = "anthropic_messages"
     gemini = "gemini"
-
-
-class Registry(enum.Enum):
-    npm = "npm"
-    pypi = "pypi"
-
-
-class SamplingPurpose(enum.Enum):
-    train = "train"
-    eval = "eval"
 
 
 class HarnessSelection(enum.Enum):
@@ -196,12 +192,11 @@ class ProxySpec:
     port: int = 0
     admin_key: str | None = None
     """Required when host is not loopback; control routes then need it."""
-    max_model_calls: int = 17
+    max_model_calls: int = _PROXY.max_model_calls
     """Default per-session model-call budget (the scheduler sets it per attempt)."""
-    max_output_tokens: int = 4096
-    max_body_bytes: int = 64 * 1024 * 1024
-    keepalive_seconds: float = 5.0
-    upstream_retries: int = 3
+    max_body_bytes: int = _PROXY.max_body_bytes
+    keepalive_seconds: float = _PROXY.keepalive_seconds
+    upstream_retries: int = _PROXY.retries
     workers: int = 1
     """Proxy processes, each owning a shard of the sessions: one per spare core raises the proxy's
     throughput ceiling (~1 ms of CPU per call per process); ports ``port..port+workers-1``."""
@@ -211,12 +206,11 @@ class ProxySpec:
 
 @dataclass
 class HarnessSpec:
-    package: str = MISSING
-    version: str = MISSING
-    registry: Registry = MISSING
+    """How a run uses one agent. What the agent is (package, pinned version, registry, the formats
+    it speaks) is its adapter's, in ``fineenvs.harnesses``: one copy, read by the installer too."""
+
     api_format: ApiFormat = MISSING
-    api_formats: list[ApiFormat] = field(default_factory=list)
-    """Formats this agent can speak (empty: only ``api_format``)."""
+    """The wire format this run's attempts speak (one of the adapter's ``api_formats``)."""
     weight: float = 1.0
     """Mix weight (used by ``scheduler.harness_selection=weighted``)."""
     step_limit: int | None = None
@@ -240,14 +234,15 @@ class TasksSpec:
 
 @dataclass
 class SamplingSpec:
-    purpose: SamplingPurpose = SamplingPurpose.train
-    temperature: float = 0.8
-    top_p: float = 1.0
-    top_k: int = -1
+    """What the proxy enforces on every model call (full-distribution sampling when the job trains)."""
+
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
+    top_k: int = _SAMPLING.top_k
     """-1 (or 0) is off."""
-    min_p: float = 0.0
-    max_tokens: int = 4096
-    """Output tokens per model call."""
+    min_p: float = _SAMPLING.min_p
+    max_tokens: int = _PROXY.max_output_tokens
+    """Output tokens per model call: the proxy caps every request's ``max_tokens`` at this."""
 
 
 @dataclass
@@ -266,8 +261,6 @@ class GRPOSpec:
     max_steps: int = 1000
     per_device_batch_size: int = 4
     gradient_accumulation_steps: int = 4
-    num_generations: int = 8
-    """Attempts per GRPO group; must equal scheduler.group_size."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: groups whose graded rewards are all equal (no learning signal) are
     counted and left out of the batch, so every optimizer step has signal. Off (published): such
@@ -489,7 +482,7 @@ def validate(run: RunConfig) -> None:
 def _check_sampling(run: RunConfig) -> list[str]:
     s = run.sampling
     out: list[str] = []
-    training = run.job is Job.rl or s.purpose is SamplingPurpose.train
+    training = run.job is Job.rl
     if s.temperature < 0:
         out.append(f"sampling.temperature must be >= 0 (got {s.temperature}). Fix: sampling.temperature=0.8")
     if s.max_tokens < 1:
@@ -528,12 +521,11 @@ def _check_harnesses(run: RunConfig) -> list[str]:
             "harness is empty: a job needs at least one agent. Fix: harness=opencode or harness=paper_mix"
         )
     for name, h in run.harness.items():
-        formats = h.api_formats or [h.api_format]
-        if h.api_format not in formats:
-            known = ", ".join(f.value for f in formats)
+        formats = _adapter_formats(name)
+        if formats is not None and h.api_format.value not in formats:
             out.append(
-                f"harness.{name}.api_format is {h.api_format.value} but {name} speaks only {known}. "
-                f"Fix: harness.{name}.api_format={formats[0].value}"
+                f"harness.{name}.api_format is {h.api_format.value} but {name} speaks only {', '.join(formats)}. "
+                f"Fix: harness.{name}.api_format={formats[0]}"
             )
         if h.weight <= 0:
             out.append(
@@ -541,6 +533,14 @@ def _check_harnesses(run: RunConfig) -> list[str]:
                 f"group. Fix: harness.{name}.weight=1.0, or leave {name} out of the harness list"
             )
     return out
+
+
+def _adapter_formats(name: str) -> tuple[str, ...] | None:
+    """The formats harness ``name``'s adapter speaks (None: no such adapter; the job reports it)."""
+    from fineenvs.harnesses import HARNESSES
+
+    adapter = HARNESSES.get(name)
+    return None if adapter is None else tuple(adapter.api_formats)
 
 
 def _check_trainer(run: RunConfig) -> list[str]:
@@ -556,16 +556,10 @@ def _check_trainer(run: RunConfig) -> list[str]:
             "the teacher rollouts kept per harness. Fix: trainer.max_rollouts_per_harness=null (keep all)"
         )
     if isinstance(t, GRPOSpec):
-        if t.num_generations < 2:
+        if run.scheduler.group_size < 2:
             out.append(
-                f"trainer.num_generations must be >= 2 for GRPO (got {t.num_generations}): group-relative "
+                f"scheduler.group_size must be >= 2 for GRPO (got {run.scheduler.group_size}): group-relative "
                 "advantages need at least two attempts per task. Use trainer=sft for single-sample training."
-            )
-        if t.num_generations != run.scheduler.group_size:
-            out.append(
-                f"trainer.num_generations ({t.num_generations}) != scheduler.group_size "
-                f"({run.scheduler.group_size}): a GRPO group is the scheduler's group of attempts. "
-                f"Fix: scheduler.group_size={t.num_generations}"
             )
         if t.learning_rate <= 0:
             out.append(
@@ -679,12 +673,6 @@ def _check_proxy(run: RunConfig) -> list[str]:
         out.append(
             f"proxy.workers={p.workers}: the proxy runs 1 to 64 processes (one per spare core is the useful "
             "maximum). Fix: proxy.workers=1"
-        )
-    if p.max_output_tokens < run.sampling.max_tokens:
-        out.append(
-            f"proxy.max_output_tokens ({p.max_output_tokens}) < sampling.max_tokens ({run.sampling.max_tokens}): "
-            "the proxy would silently cut the policy's outputs. Fix: proxy.max_output_tokens="
-            f"{run.sampling.max_tokens}"
         )
     return out
 

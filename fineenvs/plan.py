@@ -220,16 +220,17 @@ def describe_plan(run: RunConfig) -> str:
     p = run.proxy
     out.append(
         f"  proxy: {p.host}:{p.port or 'free port'} admin_key={'set' if p.admin_key else 'unset'} "
-        f"max_model_calls={p.max_model_calls} max_output_tokens={p.max_output_tokens} workers={p.workers} "
+        f"max_model_calls={p.max_model_calls} workers={p.workers} "
         f"store={p.store_dir or str(run.output_dir) + '/records'}"
     )
     out.append(f"  harnesses ({len(run.harness)}):")
+    from fineenvs.harnesses import HARNESSES
+
     for name, h in run.harness.items():
         step = f" step_limit={h.step_limit}" if h.step_limit else ""
-        out.append(
-            f"    {name}: {h.package}@{h.version} ({h.registry.value}) format={h.api_format.value} "
-            f"weight={h.weight}{step}"
-        )
+        adapter = HARNESSES.get(name)
+        pin = f"{adapter.package}@{adapter.version} ({adapter.registry})" if adapter else "(no adapter)"
+        out.append(f"    {name}: {pin} format={h.api_format.value} weight={h.weight}{step}")
     t = run.tasks
     extra = [f"subset={t.subset}"] if t.subset else []
     if t.limit:
@@ -239,7 +240,7 @@ def describe_plan(run: RunConfig) -> str:
     out.append(f"  tasks: {t.name} split={t.split} {' '.join(extra)}".rstrip())
     s = run.sampling
     out.append(
-        f"  sampling ({s.purpose.value}): temperature={s.temperature} top_p={s.top_p} "
+        f"  sampling ({'training: full distribution' if run.job is Job.rl else 'no training'}): temperature={s.temperature} top_p={s.top_p} "
         f"top_k={'off' if s.top_k <= 0 else s.top_k} min_p={s.min_p} max_tokens={s.max_tokens}"
     )
     r = run.reward
@@ -332,4 +333,4 @@ def _harness_problems(run: RunConfig) -> list[str]:
         from fineenvs.harnesses import check_installed
     except ImportError:
         return []
-    return list(check_installed({name: h.version for name, h in run.harness.items()}))
+    return list(check_installed(list(run.harness)))

@@ -87,7 +87,7 @@ def test_published_numbers_rl_multi() -> None:
     t = run.trainer
     assert isinstance(t, GRPOSpec)
     assert (t.learning_rate, t.lr_scheduler_type, t.warmup_steps, t.max_steps) == (3e-6, "constant", 0, 1000)
-    assert (t.per_device_batch_size, t.gradient_accumulation_steps, t.num_generations) == (4, 4, 8)
+    assert (t.per_device_batch_size, t.gradient_accumulation_steps) == (4, 4)
     assert (t.token_budget, t.save_steps, t.eval_steps) == (40960, 50, 100)
     s = run.scheduler
     assert (s.group_size, s.max_inflight, s.max_staleness, s.max_model_calls) == (8, 32, 4, 17)
@@ -98,7 +98,7 @@ def test_published_numbers_rl_multi() -> None:
         -1,
         0.0,
     )
-    assert run.sampling.max_tokens == 4096 and run.proxy.max_output_tokens == 4096
+    assert run.sampling.max_tokens == 4096
     assert run.proxy.max_model_calls == 17
     assert run.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1} and run.reward.tool_budget == 15
     assert run.tasks.name == "smoldataenvs" and run.tasks.subset == "published_1000"
@@ -146,8 +146,13 @@ def test_command_line_harness_beats_experiment_default() -> None:
 
 def test_sft_trainer_refuses_grpo_keys() -> None:
     with pytest.raises((ConfigCompositionException, ConfigKeyError)) as err:
-        load("trainer=sft", "trainer.num_generations=8")
-    assert "num_generations" in str(err.value) or "num_generations" in str(err.value.__cause__)
+        load("trainer=sft", "trainer.epsilon_high=0.28")
+    assert "epsilon_high" in str(err.value) or "epsilon_high" in str(err.value.__cause__)
+
+
+def test_grpo_needs_groups_of_two() -> None:
+    problems = _problems("+experiment=rl_multi", "scheduler.group_size=1")
+    assert any("scheduler.group_size must be >= 2" in p and "trainer=sft" in p for p in problems)
 
 
 def _problems(*overrides: str) -> list[str]:
@@ -176,14 +181,14 @@ def test_errors_name_key_and_fix() -> None:
         "reward.terms.tool_efficiency=0.5",
         "proxy.host=0.0.0.0",
         "proxy.workers=0",
-        "trainer.num_generations=1",
+        "trainer.learning_rate=0",
     )
     text = "\n".join(problems)
     assert "proxy.workers=0" in text
     assert "scheduler.max_inflight" in text and "Fix:" in text
     assert "reward.terms.tool_efficiency" in text
     assert "proxy.admin_key" in text
-    assert "trainer.num_generations" in text
+    assert "trainer.learning_rate=3e-6" in text
 
 
 def test_unknown_reward_term_refused() -> None:
@@ -268,12 +273,21 @@ def test_cli_multirun_two_jobs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ALL_HARNESSES)
-def test_harness_config_matches_the_adapter_pins(name: str) -> None:
-    """conf/harness/<name>.yaml and fineenvs/harnesses/<name>.py name the same package, version and formats."""
+def test_harness_config_uses_the_adapter_format(name: str) -> None:
+    """conf/harness/<name>.yaml picks the adapter's default format, and a format the adapter does not
+    speak is refused with the ones it does (the adapter is the one copy of package, version, formats)."""
     from fineenvs.harnesses import HARNESSES
 
     run = load(f"harness={name}")
     spec, adapter = run.harness[name], HARNESSES[name]
-    assert (spec.package, spec.version) == (adapter.package, adapter.version)
-    assert [f.value for f in spec.api_formats] == list(adapter.api_formats)
     assert spec.api_format.value == adapter.default_format
+    assert not any(hasattr(spec, key) for key in ("package", "version", "registry", "api_formats"))
+    unspoken = [
+        f
+        for f in ("openai_chat", "openai_responses", "anthropic_messages", "gemini")
+        if f not in adapter.api_formats
+    ]
+    if unspoken:
+        with pytest.raises(ConfigError) as err:
+            load(f"harness={name}", f"harness.{name}.api_format={unspoken[0]}")
+        assert f"{name} speaks only {', '.join(adapter.api_formats)}" in str(err.value)

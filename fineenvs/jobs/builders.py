@@ -149,7 +149,7 @@ def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack | Async
         "--host", p.host, "--port", str(port),
         "--store-dir", str(store),
         "--max-model-calls", str(p.max_model_calls),
-        "--max-output-tokens", str(p.max_output_tokens),
+        "--max-output-tokens", str(run.sampling.max_tokens),
         "--temperature", str(run.sampling.temperature),
         "--top-p", str(run.sampling.top_p),
         "--top-k", str(run.sampling.top_k),

@@ -54,7 +54,8 @@ from fineenvs.logging import MetricLogger, metric_key
 from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
-from fineenvs.trajectory import RowOptions
+from fineenvs.trajectory import Row, RowOptions
+from fineenvs.trajectory.record import CallRecord
 
 log = logging.getLogger("fineenvs.jobs.eval")
 
@@ -350,13 +351,11 @@ class EvalAttemptRunner(ProxyAttemptRunner):
     """The RL attempt runner without training rows: token accounting from the proxy's records
     instead, and whether the agent left an answer (a crash or timeout without one is retried)."""
 
-    def _rows(
-        self, calls: list[dict[str, Any]], outcome: AttemptOutcome
-    ) -> tuple[list[Any], dict[str, float]]:
+    def _rows(self, calls: list[CallRecord], outcome: AttemptOutcome) -> tuple[list[Row], dict[str, float]]:
         return [], {
-            "prompt_tokens": float(sum(len(c.get("prompt_ids") or []) for c in calls)),
-            "completion_tokens": float(sum(len(c.get("sampled_ids") or []) for c in calls)),
-            "cut_off_calls": float(sum(1 for c in calls if c.get("finish_reason") == "length")),
+            "prompt_tokens": float(sum(len(c["prompt_ids"]) for c in calls)),
+            "completion_tokens": float(sum(len(c["sampled_ids"]) for c in calls)),
+            "cut_off_calls": float(sum(1 for c in calls if c["finish_reason"] == "length")),
         }
 
     async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:

@@ -184,12 +184,10 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
     """attempt id → newest proxy session of that attempt (a rerun attempt gets a new session)."""
+    from fineenvs.proxy.store import CallStore
+
     newest: dict[str, tuple[float, str]] = {}
-    for meta_path in sorted((store_dir / "sessions").glob("*/meta.json")):
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
+    for meta in CallStore(store_dir, fsync=False).load_metas():
         attempt = (meta.get("metadata") or {}).get("attempt")
         if not attempt:
             continue

@@ -16,6 +16,10 @@ from pathlib import Path
 
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 
+# Every default is the settings' own: one source, shared with the run config (fineenvs.config).
+_D = ProxySettings()
+_S = SamplingPolicy()
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fineenvs.proxy", description=__doc__)
@@ -23,39 +27,50 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the capture proxy (uvicorn)")
     serve.add_argument("--engine-url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
     serve.add_argument("--served-model", required=True, help="model id the engine serves")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs an admin key)")
-    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--host", default=_D.host, help="bind address (non-loopback needs an admin key)")
+    serve.add_argument("--port", type=int, default=_D.port)
     serve.add_argument(
         "--admin-key",
         default=os.environ.get("FINEENVS_ADMIN_KEY"),
         help="key for the control routes (default $FINEENVS_ADMIN_KEY); required off loopback",
     )
-    serve.add_argument("--store-dir", type=Path, default=Path("outputs/proxy_store"))
-    serve.add_argument("--max-model-calls", type=int, default=17, help="per-session model-call budget")
-    serve.add_argument("--max-output-tokens", type=int, default=4096, help="cap on max_tokens per call")
+    serve.add_argument("--store-dir", type=Path, default=_D.store_dir)
     serve.add_argument(
-        "--temperature", type=float, default=0.8, help="sampling temperature enforced upstream"
+        "--max-model-calls", type=int, default=_D.max_model_calls, help="per-session model-call budget"
+    )
+    serve.add_argument(
+        "--max-output-tokens", type=int, default=_D.max_output_tokens, help="cap on max_tokens per call"
+    )
+    serve.add_argument(
+        "--temperature", type=float, default=_S.temperature, help="sampling temperature enforced upstream"
     )
     serve.add_argument(
         "--top-p",
         type=float,
-        default=1.0,
+        default=_S.top_p,
         help="enforced top_p (training needs 1.0: full-distribution sampling)",
     )
-    serve.add_argument("--top-k", type=int, default=-1, help="enforced top_k (-1: off)")
-    serve.add_argument("--min-p", type=float, default=0.0, help="enforced min_p")
-    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
-    serve.add_argument("--keepalive-seconds", type=float, default=5.0)
-    serve.add_argument("--body-timeout-seconds", type=float, default=60.0, help="408 after this long")
-    serve.add_argument("--max-upstream-concurrency", type=int, default=256, help="engine calls in flight")
-    serve.add_argument("--retries", type=int, default=3, help="attempts per call on 408/409/429/5xx")
+    serve.add_argument("--top-k", type=int, default=_S.top_k, help="enforced top_k (-1: off)")
+    serve.add_argument("--min-p", type=float, default=_S.min_p, help="enforced min_p")
+    serve.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes)
+    serve.add_argument("--keepalive-seconds", type=float, default=_D.keepalive_seconds)
+    serve.add_argument(
+        "--body-timeout-seconds", type=float, default=_D.body_timeout_s, help="408 after this long"
+    )
+    serve.add_argument(
+        "--max-upstream-concurrency",
+        type=int,
+        default=_D.max_upstream_concurrency,
+        help="engine calls in flight",
+    )
+    serve.add_argument("--retries", type=int, default=_D.retries, help="attempts per call on 408/409/429/5xx")
     serve.add_argument(
         "--no-fsync", action="store_true", help="flush records without fsync (faster, less safe)"
     )
     serve.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=_D.workers,
         help="proxy processes, each owning a shard of the sessions (one per spare core; ports P..P+N-1)",
     )
     serve.add_argument("--log-level", default="warning")

@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -38,11 +36,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fineenvs.dialects import DIALECTS, DialectError, aux_response, aux_route, detect, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
+from fineenvs.proxy.calls import BUDGET_TEXT, PREFIX_RE, CpuTurn, Outcome, PreparedCall
 from fineenvs.proxy.control import ControlPlane
 from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
-from fineenvs.proxy.store import CallStore, RequestRecord, StoreError
+from fineenvs.proxy.store import CallStore, StoreError
 from fineenvs.proxy.upstream import (
     BadRequest,
     UpstreamError,
@@ -50,12 +49,12 @@ from fineenvs.proxy.upstream import (
     decode_reply,
     post_with_retries,
 )
+from fineenvs.proxy.websocket import serve_websocket
 from fineenvs.proxy.wire import bearer, json_response
 
 log = logging.getLogger("fineenvs.proxy")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
-PREFIX_RE = re.compile(r"^/s/([^/]+)(/.*)?$")
 # Ids harnesses send about themselves: recorded per call (subagent attribution), never routed on.
 HARNESS_ID_HEADERS = (
     "x-session-id",
@@ -74,62 +73,10 @@ HARNESS_ID_HEADERS = (
 CPU_SLOTS = 2
 # Model-call bodies being read and converted at once (the rest wait, unread, before that).
 INTAKE_SLOTS = 64
-BUDGET_TEXT = (
-    "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
-    "Stop here: no further actions will be run."
-)
 CONTEXT_TEXT = (
     "fineenvs proxy: the conversation no longer fits in the model's context window. "
     "Stop here: no further actions will be run."
 )
-
-
-@dataclass
-class PreparedCall:
-    """One converted model call, reduced to what forwarding, recording and replying need."""
-
-    session: Session
-    dialect_name: str
-    dialect: Dialect
-    reply_request: CanonicalRequest  # without messages/tools: dialects read only flags and state
-    payload: bytes
-    record_request: RequestRecord
-    fields: dict[str, Any]
-    hide_reasoning: bool = False
-    """The agent asked for no reasoning (``include_reasoning: false``): recorded, not replied."""
-
-
-@dataclass
-class Outcome:
-    """What one forwarded model call produced: an engine completion, a stop reply, or an error."""
-
-    kind: str  # "ok" | "stop" | "error"
-    completion: dict[str, Any] | None = None
-    status: int = 200
-    message: str = ""
-
-
-class CpuTurn:
-    """``async with``: at most ``slots`` requests do CPU work per event-loop iteration.
-
-    A burst of 1,000 arriving calls would otherwise all parse and convert in one iteration
-    (about half a second), and /health would wait behind them. (A plain class: an
-    ``asynccontextmanager`` costs a generator per use, three uses per call.)
-    """
-
-    def __init__(self, slots: int) -> None:
-        self.slots = asyncio.Semaphore(slots)
-
-    async def __aenter__(self) -> None:
-        await self.slots.acquire()
-        try:
-            await asyncio.sleep(0)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.slots.release()
 
 
 _HARNESS_ID_SET = frozenset(HARNESS_ID_HEADERS)
@@ -233,7 +180,7 @@ class ProxyApp:
                     dialect, 408, f"the request body did not arrive within {self.settings.body_timeout_s} s."
                 )
             async with self.cpu_turn:
-                prepared = self._prepare(request, path, path_key, raw)
+                prepared = self.prepare_call(request, path, path_key, raw)
             del raw  # keep only the converted request while the engine works
         if isinstance(prepared, Response):
             return prepared
@@ -242,13 +189,13 @@ class ProxyApp:
         session.last_call_at = time.time()
         if session.model_calls >= session.max_model_calls:
             session.budget_stops += 1
-            await self._event(session, "budget_stop", None, {"model_calls": session.model_calls})
+            await self.record_event(session, "budget_stop", None, {"model_calls": session.model_calls})
             text = BUDGET_TEXT.format(n=session.max_model_calls)
             return self._reply(dialect, canonical, Outcome("stop", stop_completion(text)), reply_model)
         session.model_calls += 1
         index = session.next_index
         session.next_index += 1
-        task = asyncio.create_task(self._forward(prepared, index))
+        task = asyncio.create_task(self.forward_call(prepared, index))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         if canonical.stream:
@@ -257,7 +204,7 @@ class ProxyApp:
         async with self.cpu_turn:
             return self._reply(dialect, canonical, outcome, reply_model)
 
-    def _prepare(
+    def prepare_call(
         self, request: Request, path: str, path_key: str | None, raw: bytes | None
     ) -> Response | PreparedCall:
         """Parse, authenticate and convert one model call (synchronous: no awaits inside)."""
@@ -365,14 +312,16 @@ class ProxyApp:
             dialect = self._dialect(detect(path, request.headers, None))
             return self._error(dialect, 400, f"could not answer {kind}: {type(exc).__name__}: {exc}")
 
-    async def _event(self, session: Session, kind: str, index: int | None, fields: dict[str, Any]) -> None:
+    async def record_event(
+        self, session: Session, kind: str, index: int | None, fields: dict[str, Any]
+    ) -> None:
         event = {"kind": kind, "index": index, "at": time.time(), **fields}
         try:
             await self.store.record_event(session.session_id, event)
         except StoreError as exc:
             log.error("could not record %s event for %s: %s", kind, session.session_id, exc)
 
-    async def _forward(self, call: PreparedCall, index: int) -> Outcome:
+    async def forward_call(self, call: PreparedCall, index: int) -> Outcome:
         """Engine call + durable record. Runs as its own task: a disconnecting client cannot cancel it."""
         session = call.session
         arrived = time.time()
@@ -402,16 +351,16 @@ class ProxyApp:
                 failure = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
                 if exc.kind == "context_overflow":
                     session.context_stops += 1
-                    await self._event(session, "context_stop", index, failure)
+                    await self.record_event(session, "context_stop", index, failure)
                     return Outcome("stop", stop_completion(CONTEXT_TEXT))
                 if exc.kind == "rejected":
                     session.rejected_calls += 1
-                    await self._event(session, "upstream_rejected", index, failure)
+                    await self.record_event(session, "upstream_rejected", index, failure)
                     return Outcome(
                         "error", status=exc.status, message=f"the engine rejected the request: {exc.message}"
                     )
                 session.upstream_errors += 1
-                await self._event(session, "upstream_error", index, failure)
+                await self.record_event(session, "upstream_error", index, failure)
                 return Outcome("error", status=502, message=f"engine unavailable: {exc.message}")
             fields = {
                 "index": index,
@@ -615,8 +564,6 @@ class _ModelCallsFirst:
                 await response(scope, receive, send)
                 return
         elif scope["type"] == "websocket":
-            from fineenvs.proxy.websocket import serve_websocket
-
             await serve_websocket(self.proxy, scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -9,30 +9,68 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fineenvs.proxy.sessions import Session
+from fineenvs.proxy.sessions import Session, SessionRegistry, new_session_id, shard_of
+from fineenvs.proxy.settings import ProxySettings
+from fineenvs.proxy.store import CallStore
 from fineenvs.proxy.wire import bearer, json_response
+from fineenvs.trajectory.record import CallRecord, calls_to_nodes
 
-if TYPE_CHECKING:
-    from fineenvs.proxy.app import ProxyApp
-    from fineenvs.proxy.workers import WorkerPool
+
+class ControlledProxy(Protocol):
+    """What the control plane reads of the proxy it fronts (``fineenvs.proxy.app.ProxyApp``)."""
+
+    @property
+    def settings(self) -> ProxySettings: ...
+    @property
+    def sessions(self) -> SessionRegistry: ...
+    @property
+    def store(self) -> CallStore: ...
+    @property
+    def shard(self) -> tuple[int, int]: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def started(self) -> float: ...
+
+
+class WorkerAddress(Protocol):
+    @property
+    def shard(self) -> int: ...
+    @property
+    def port(self) -> int: ...
+
+
+class WorkerDirectory(Protocol):
+    """What the control plane needs of a worker pool (``fineenvs.proxy.workers.WorkerPool``)."""
+
+    @property
+    def workers(self) -> Sequence[WorkerAddress]: ...
+
+    def worker(self, shard: int) -> WorkerAddress: ...
+
+    def status(self) -> list[dict[str, Any]]: ...
+
+    async def forward(
+        self, shard: int, method: str, path: str, *, query: bytes = b"", body: bytes | None = None
+    ) -> httpx.Response: ...
 
 
 class ControlPlane:
     """Control routes; with a worker pool, requests about another shard's session go to its owner."""
 
-    def __init__(self, proxy: ProxyApp, pool: WorkerPool | None = None) -> None:
+    def __init__(self, proxy: ControlledProxy, pool: WorkerDirectory | None = None) -> None:
         self.proxy = proxy
         self.pool = pool
 
     def _owner(self, session_id: str) -> int:
-        from fineenvs.proxy.workers import shard_of
-
         return shard_of(session_id, self.proxy.shard[1])
 
     async def _forwarded(self, request: Request, shard: int, body: bytes | None = None) -> Response:
@@ -108,8 +146,6 @@ class ControlPlane:
         if session_id is not None and not isinstance(session_id, str):
             return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
         if self.pool is not None:
-            from fineenvs.proxy.workers import new_session_id
-
             session_id = session_id or new_session_id()
             shard = self._owner(session_id)
             if shard != self.proxy.shard[0]:
@@ -216,33 +252,7 @@ class ControlPlane:
         return json_response({"session_id": session.session_id, "closed": True, "purged": purge})
 
 
-def calls_to_nodes(calls: list[dict[str, Any]]) -> list[Any]:
-    """Recorded calls (``CallStore.read_session(...)["calls"]``) as trajectory nodes.
-
-    A call whose logprobs were missing or misaligned, or that has no prompt ids, is context only.
-    """
-    from fineenvs.trajectory import CallNode
-
-    return [
-        CallNode(
-            node_id=c["call_id"],
-            prompt_ids=list(c["prompt_ids"]),
-            sampled_ids=list(c["sampled_ids"]),
-            logprobs=c.get("logprobs"),
-            finish_reason=c.get("finish_reason"),
-            has_tools=bool(c.get("has_tools")),
-            arrival_index=int(c.get("index", i)),
-            weight_version=c.get("weight_version"),
-            harness_ids={k: str(v) for k, v in (c.get("harness_ids") or {}).items()},
-            metadata={"dialect": c.get("dialect"), "notes": c.get("notes", [])},
-            logprobs_aligned=bool(c.get("logprobs_aligned")) and bool(c["prompt_ids"]),
-            constrained=bool(c.get("constrained")),
-        )
-        for i, c in enumerate(calls)
-    ]
-
-
-def build_trajectory(calls: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
+def build_trajectory(calls: list[CallRecord], metadata: dict[str, Any]) -> dict[str, Any]:
     """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
     from fineenvs.trajectory import build_session, session_to_json
 

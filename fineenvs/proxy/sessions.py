@@ -27,6 +27,20 @@ COUNTED_EVENTS = {
 RESERVED_METADATA = ("key", "api_key", "session_key", "authorization")
 
 
+def new_session_id() -> str:
+    """A fresh session id: random, so no two runs on one store collide."""
+    return "s" + secrets.token_hex(12)
+
+
+def shard_of(session_id: str, shards: int) -> int:
+    """The shard (proxy worker process) that owns ``session_id``: a stable hash, the same in every
+    process and across restarts, so routing needs no table (``fineenvs.proxy.workers``)."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -90,8 +104,6 @@ class SessionRegistry:
     def __init__(
         self, store: CallStore, default_max_model_calls: int, *, shard: tuple[int, int] = (0, 1)
     ) -> None:
-        from fineenvs.proxy.workers import shard_of
-
         self.store = store
         self.default_max_model_calls = default_max_model_calls
         self.shard = shard
@@ -121,7 +133,7 @@ class SessionRegistry:
         self, metadata: dict[str, Any], *, max_model_calls: int | None = None, session_id: str | None = None
     ) -> tuple[Session, str]:
         if session_id is None:
-            session_id = "s" + secrets.token_hex(12)
+            session_id = new_session_id()
         elif not SESSION_ID_RE.match(session_id) or session_id in self.by_id:
             raise ValueError(
                 f"session_id {session_id!r} is taken or not of the form [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}}; "

@@ -50,7 +50,8 @@ class ProxySettings:
     max_model_calls: int = 17
     max_output_tokens: int = 4096
     sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Largest request body accepted (413 above): a long agent session with images fits."""
     keepalive_seconds: float = 5.0
     # A client that sends headers but trickles (or never sends) its body gives up its intake slot.
     body_timeout_s: float = 60.0

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -43,8 +43,8 @@ from fineenvs.proxy.delta import (
     message_digests,
     token_bytes,
 )
+from fineenvs.trajectory.record import CALL_SCHEMA_VERSION, CallRecord, EventRecord, SessionLog
 
-SCHEMA_VERSION = 1
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -283,8 +283,9 @@ class CallStore:
             index.messages.add(
                 call["call_id"], message_digests([*call["request"]["messages"], call["response"]])
             )
-            if call["request"].get("tools_digest"):
-                index.tools.add(call["request"]["tools_digest"])
+            tools_digest = call["request"]["tools_digest"]
+            if tools_digest:
+                index.tools.add(tools_digest)
         return index
 
     @staticmethod
@@ -368,7 +369,7 @@ class CallStore:
                 req["tools"] = request.tools
         record = {
             "type": "call",
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": CALL_SCHEMA_VERSION,
             "call_id": call_id,
             "session_id": session_id,
             "prompt": prompt_rec,
@@ -390,18 +391,18 @@ class CallStore:
 
     async def record_event(self, session_id: str, event: dict[str, Any]) -> None:
         """A counted non-training event (budget stop, context stop, upstream error)."""
-        line = orjson.dumps({"type": "event", "schema_version": SCHEMA_VERSION, **event}) + b"\n"
+        line = orjson.dumps({"type": "event", "schema_version": CALL_SCHEMA_VERSION, **event}) + b"\n"
         await self.append_line(session_id, line)
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read_session(self, session_id: str) -> dict[str, Any]:
+    def read_session(self, session_id: str) -> SessionLog:
         """All calls of a session with full ``prompt_ids``/messages rebuilt and digests checked."""
         path = self._log_path(session_id)
         meta_path = self.session_dir(session_id) / "meta.json"
         meta = orjson.loads(meta_path.read_bytes()) if meta_path.exists() else None
-        calls: list[dict[str, Any]] = []
-        events: list[dict[str, Any]] = []
+        calls: list[CallRecord] = []
+        events: list[EventRecord] = []
         ends: dict[str, array] = {}
         msg_lists: dict[str, list[Any]] = {}
         tools_by_digest: dict[str, Any] = {}
@@ -413,7 +414,7 @@ class CallStore:
                     break  # a partial line was never acknowledged to the agent
                 rec = orjson.loads(raw)
                 if rec.get("type") == "event":
-                    events.append(rec)
+                    events.append(cast(EventRecord, rec))
                     continue
                 p = rec.pop("prompt")
                 prompt = array("i")
@@ -438,7 +439,7 @@ class CallStore:
                     tools_by_digest[req["tools_digest"]] = req["tools"]
                 elif req.get("tools_digest"):
                     req["tools"] = tools_by_digest.get(req["tools_digest"])
-                calls.append(rec)
+                calls.append(cast(CallRecord, rec))
         return {"meta": meta, "calls": calls, "events": events}
 
 

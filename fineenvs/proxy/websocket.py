@@ -43,7 +43,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from fineenvs.dialects import DIALECTS, DialectError, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
-from fineenvs.proxy.app import BUDGET_TEXT, PREFIX_RE, Outcome, PreparedCall, ProxyApp
+from fineenvs.proxy.calls import BUDGET_TEXT, PREFIX_RE, CallHost, Outcome, PreparedCall
 from fineenvs.proxy.wire import bearer, json_response
 
 log = logging.getLogger("fineenvs.proxy.websocket")
@@ -136,7 +136,7 @@ def warmup_events(body: dict[str, Any], model: str) -> list[dict[str, Any]]:
 class ResponsesSocket:
     """One accepted connection: frames in, event frames out, one request at a time."""
 
-    def __init__(self, proxy: ProxyApp, ws: WebSocket, path: str, path_key: str | None) -> None:
+    def __init__(self, proxy: CallHost, ws: WebSocket, path: str, path_key: str | None) -> None:
         self.proxy = proxy
         self.ws = ws
         self.path = path
@@ -186,7 +186,7 @@ class ResponsesSocket:
         raw_body = orjson.dumps(body)
         limit = self.proxy.settings.max_body_bytes
         async with self.proxy.cpu_turn:
-            prepared = self.proxy._prepare(
+            prepared = self.proxy.prepare_call(
                 self.request, self.path, self.path_key, raw_body if len(raw_body) <= limit else None
             )
         if isinstance(prepared, Response):
@@ -204,13 +204,13 @@ class ResponsesSocket:
         session.last_call_at = time.time()
         if session.model_calls >= session.max_model_calls:
             session.budget_stops += 1
-            await proxy._event(session, "budget_stop", None, {"model_calls": session.model_calls})
+            await proxy.record_event(session, "budget_stop", None, {"model_calls": session.model_calls})
             text = BUDGET_TEXT.format(n=session.max_model_calls)
             return self._events(Outcome("stop", stop_completion(text)), canonical, model)
         session.model_calls += 1
         index = session.next_index
         session.next_index += 1
-        task = asyncio.create_task(proxy._forward(prepared, index))
+        task = asyncio.create_task(proxy.forward_call(prepared, index))
         proxy.tasks.add(task)
         task.add_done_callback(proxy.tasks.discard)
         outcome = await asyncio.shield(task)
@@ -229,7 +229,7 @@ class ResponsesSocket:
             self.conv = Conversation(response.get("id"), full_input, list(response.get("output") or []))
 
 
-async def serve_websocket(proxy: ProxyApp, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_websocket(proxy: CallHost, scope: Scope, receive: Receive, send: Send) -> None:
     """ASGI entry for every WebSocket upgrade the proxy receives."""
     ws = WebSocket(scope, receive, send)
     path: str = scope["path"]

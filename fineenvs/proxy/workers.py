@@ -11,7 +11,7 @@ How it fits together:
   whole control plane. It binds one more listening socket per extra worker (on the same host, at
   ``port + k`` when the port is fixed and free, so a restart keeps the ``base_url`` agents hold;
   a free port otherwise) and starts
-  ``python -m fineenvs.proxy.workers`` with the socket inherited and the settings in the
+  ``python -m fineenvs.proxy.worker`` with the socket inherited and the settings in the
   environment; a worker that exits is started again on the same socket (records are durable, so a
   worker crash loses no acknowledged call).
 - A session belongs to shard ``shard_of(session_id, N)``: a stable hash, so routing needs no table
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import os
 import secrets
@@ -35,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,21 +49,9 @@ SPEC_ENV = "FINEENVS_PROXY_WORKER"
 MAX_WORKERS = 64
 
 
-def shard_of(session_id: str, shards: int) -> int:
-    """The shard that owns ``session_id`` (stable across processes and restarts)."""
-    if shards <= 1:
-        return 0
-    digest = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shards
-
-
 def share_of_engine(settings: ProxySettings) -> int:
     """Engine connections per process: together within the configured bound (at least one each)."""
     return max(1, settings.max_upstream_concurrency // settings.workers)
-
-
-def new_session_id() -> str:
-    return "s" + secrets.token_hex(12)
 
 
 def settings_to_json(settings: ProxySettings) -> dict[str, Any]:
@@ -171,7 +157,7 @@ class WorkerPool:
         # A session of its own: Ctrl-C in the terminal reaches only the main process, which stops
         # the workers itself (a worker killed by the terminal would be restarted mid-shutdown).
         worker.proc = subprocess.Popen(
-            [sys.executable, "-m", "fineenvs.proxy.workers"],
+            [sys.executable, "-m", "fineenvs.proxy.worker"],
             env=env,
             pass_fds=(worker.sock.fileno(),),
             start_new_session=True,
@@ -297,62 +283,3 @@ class WorkerPool:
         return [
             {"shard": w.shard, "port": w.port, "alive": w.alive, "restarts": w.restarts} for w in self.workers
         ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker process: ``python -m fineenvs.proxy.workers`` (started by the pool, never by hand)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A worker whose main process died (even by SIGKILL) stops too, flushing its store."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="fineenvs-parent-watch", daemon=True).start()
-
-
-def worker_main() -> int:
-    import gc
-
-    import uvicorn
-
-    from fineenvs.proxy.app import create_proxy_app
-    from fineenvs.proxy.store import CallStore
-
-    raw = os.environ.pop(SPEC_ENV, None)
-    if raw is None:
-        print(
-            "fineenvs.proxy.workers is started by `python -m fineenvs.proxy serve --workers N`, not by hand.",
-            file=sys.stderr,
-        )
-        return 2
-    spec = orjson.loads(raw)
-    settings = settings_from_json(spec["settings"])
-    logging.basicConfig(
-        level=str(spec["log_level"]).upper(),
-        format=f"%(asctime)s %(name)s[w{spec['shard']}] %(levelname)s %(message)s",
-    )
-    _exit_with_parent(int(spec["parent"]))
-    sock = socket.socket(fileno=int(spec["fd"]))
-    store = CallStore(settings.store_dir, fsync=settings.fsync)
-    app = create_proxy_app(settings, store=store, shard=(int(spec["shard"]), int(spec["shards"])))
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-    config = uvicorn.Config(
-        app,
-        log_level=str(spec["log_level"]),
-        access_log=False,
-        timeout_keep_alive=75,
-        proxy_headers=False,
-        timeout_graceful_shutdown=5,  # as the single-process proxy: never wait on idle agents
-    )
-    uvicorn.Server(config).run(sockets=[sock])
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(worker_main())

@@ -21,9 +21,10 @@ import httpx
 
 __all__ = ["AttemptSettings", "ProxyAttemptRunner", "calls_to_nodes"]
 
-from fineenvs.proxy.control import calls_to_nodes
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.trajectory.record import CallRecord, calls_to_nodes
+from fineenvs.trajectory.rows import Row
 
 
 @dataclass
@@ -132,7 +133,7 @@ class ProxyAttemptRunner:
 
         if not rollout:
             rollout = (await self.client.get(f"/sessions/{session_id}/rollout?trajectory=false")).json()
-        calls = rollout.get("calls", [])
+        calls: list[CallRecord] = rollout.get("calls", [])
         outcome.rows, outcome.metrics = self._rows(calls, outcome)
 
         if result.exit_reason == "wiring_failure":
@@ -152,9 +153,7 @@ class ProxyAttemptRunner:
 
         return grade_workdir(task, workdir)
 
-    def _rows(
-        self, calls: list[dict[str, Any]], outcome: AttemptOutcome
-    ) -> tuple[list[Any], dict[str, float]]:
+    def _rows(self, calls: list[CallRecord], outcome: AttemptOutcome) -> tuple[list[Row], dict[str, float]]:
         from fineenvs.trajectory import build_session
 
         nodes = calls_to_nodes(calls)
@@ -178,9 +177,9 @@ class ProxyAttemptRunner:
             "sampled_tokens": float(m.sampled_tokens),
             "constrained_calls": float(m.n_constrained),
         }
-        timings = [c.get("timings") or {} for c in calls]
-        proxy_s = [float(t["proxy_s"]) for t in timings if "proxy_s" in t]
-        upstream_s = [float(t["upstream_s"]) for t in timings if "upstream_s" in t]
+        timings = [t for c in calls if (t := c.get("timings"))]
+        proxy_s = [float(t["proxy_s"]) for t in timings]
+        upstream_s = [float(t["upstream_s"]) for t in timings]
         if proxy_s:
             metrics["proxy_ms"] = 1000.0 * sum(proxy_s) / len(proxy_s)
         if upstream_s:

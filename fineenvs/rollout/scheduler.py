@@ -19,9 +19,10 @@ import os
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from fineenvs.rollout.schedule import PlannedGroup
+from fineenvs.trajectory.rows import Row
 
 
 @dataclass
@@ -35,7 +36,8 @@ class AttemptOutcome:
     """None: no grade (crash, timeout before an answer could be graded, grader failure)."""
     reward_terms: dict[str, float | None] = field(default_factory=dict)
     exit_reason: str = "finished"
-    rows: list[Any] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    """The attempt's trainable rows (none for evaluation attempts)."""
     """Training rows of the attempt (fineenvs.trajectory rows), trainable ones only."""
     tool_calls: int | None = None
     tool_calls_verified: bool = False

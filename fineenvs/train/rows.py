@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from fineenvs.trajectory.rows import Row
 
 RewardScale = Literal["group", "batch", "none"]
 REWARD_SCALES: tuple[str, ...] = ("group", "batch", "none")
@@ -44,15 +46,15 @@ class TrainRow:
     @classmethod
     def from_row(
         cls,
-        row: Any,
+        row: Row,
         *,
         advantage: float,
         attempt_id: str,
         group_id: str,
         policy_version: int,
     ) -> TrainRow:
-        """From a ``fineenvs.trajectory.rows.Row`` (or anything with the same fields)."""
-        weight = getattr(row, "loss_weight", None)
+        """From a trajectory row (``fineenvs.trajectory.rows.Row``)."""
+        weight = row.loss_weight
         return cls(
             input_ids=list(row.input_ids),
             loss_mask=list(row.loss_mask),

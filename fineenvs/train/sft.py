@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fineenvs.trajectory.record import CallRecord, calls_to_nodes
+
 RERENDER_REASON = (
     "teacher tokens are not the student's: the teacher's recorded messages and tools were rendered "
     "with the student's chat template (prompt = context + generation prompt, loss on the assistant "
@@ -54,9 +56,9 @@ class TeacherSession:
     task_id: str
     harness: str
     session_id: str
-    calls: list[dict[str, Any]]
-    """``CallStore.read_session(...)["calls"]``: each with ``request.messages``, ``request.tools``,
-    ``response``, ``finish_reason``, ``call_id`` and (with a token-grade engine) ``prompt_ids``."""
+    calls: list[CallRecord]
+    """``CallStore.read_session(...)["calls"]``: the SFT data are their ``request.messages``,
+    ``request.tools`` and ``response`` (the token ids are the teacher's, not the student's)."""
 
 
 @dataclass
@@ -181,11 +183,10 @@ class StudentRenderer:
         return prompt_ids, completion_ids
 
 
-def _discarded_calls(calls: list[dict[str, Any]]) -> set[str]:
+def _discarded_calls(calls: list[CallRecord]) -> set[str]:
     """Retries the agent abandoned, by the trajectory graph's rule (needs recorded prompt ids)."""
     if not calls or any(not c.get("prompt_ids") for c in calls):
         return set()
-    from fineenvs.proxy.control import calls_to_nodes
     from fineenvs.trajectory import TrajectoryGraph
 
     return TrajectoryGraph(calls_to_nodes(calls)).discarded()

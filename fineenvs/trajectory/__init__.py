@@ -1,8 +1,9 @@
 """Call nodes -> longest-common-token-prefix graph -> training rows (pure data, deterministic).
 
 See ``graph`` for the linking, retry and drift rules, ``rows`` for masks, the shared-prefix
-policies and the over-long rule, ``findings`` for validation, ``metrics`` for capture fidelity
-and ``export`` for the versioned file formats.
+policies and the over-long rule, ``findings`` for validation, ``metrics`` for capture fidelity,
+``export`` for the versioned file formats and ``record`` for the proxy's call record (the typed
+input of all of it) and its conversion into nodes.
 """
 
 from fineenvs.trajectory.export import (
@@ -21,12 +22,14 @@ from fineenvs.trajectory.findings import Finding, is_fatal, refusal, validate
 from fineenvs.trajectory.graph import DriftBreak, GraphStats, TrajectoryGraph
 from fineenvs.trajectory.metrics import HarnessMetrics, SessionMetrics, aggregate, session_metrics
 from fineenvs.trajectory.node import CallNode, logprob_problem
+from fineenvs.trajectory.record import CallRecord, SessionLog, calls_to_nodes
 from fineenvs.trajectory.rows import Row, RowOptions, RowSet, build_rows
 from fineenvs.trajectory.session import SessionResult, build_session
 
 __all__ = [
     "SCHEMA_VERSION",
     "CallNode",
+    "CallRecord",
     "DriftBreak",
     "Finding",
     "GraphStats",
@@ -35,12 +38,14 @@ __all__ = [
     "RowOptions",
     "RowSet",
     "SchemaError",
+    "SessionLog",
     "SessionMetrics",
     "SessionResult",
     "TrajectoryGraph",
     "aggregate",
     "build_rows",
     "build_session",
+    "calls_to_nodes",
     "dataset_to_rows",
     "is_fatal",
     "logprob_problem",

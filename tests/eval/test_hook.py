@@ -61,7 +61,9 @@ def test_hook_reuses_the_running_proxy_and_accumulates_steps(
     runners: list[Solver] = []
     seen: list[dict[str, Any]] = []
 
-    def fake_runner(run: RunConfig, tasks: list[Any], *, proxy_url: str, served_model: str, **kw: Any) -> Solver:
+    def fake_runner(
+        run: RunConfig, tasks: list[Any], *, proxy_url: str, served_model: str, **kw: Any
+    ) -> Solver:
         seen.append({"proxy_url": proxy_url, "served": served_model, "tasks": [t.task_id for t in tasks]})
         runners.append(Solver(solved={tasks[0].task_id} if runners else set(), tools=6 if runners else 9))
         return runners[-1]

@@ -72,7 +72,7 @@ def test_rl_multi_runs_on_the_vllm_standin(tmp_path: Path) -> None:
         f"harness=[{','.join(HARNESSES)}]", "tasks=demo", "tasks.limit=2", "tasks.subset=null",
         "scheduler.group_size=2", "scheduler.max_inflight=2", "scheduler.max_model_calls=3",
         "scheduler.attempt_timeout_seconds=180", "scheduler.passes=3",
-        "trainer.num_generations=2", "trainer.max_steps=3", "trainer.per_device_batch_size=1",
+        "trainer.max_steps=3", "trainer.per_device_batch_size=1",
         "trainer.gradient_accumulation_steps=1", "trainer.save_steps=1", "trainer.eval_steps=3",
         "eval.subset_during_training=1",
         "trainer.token_budget=16384", "trainer.dtype=float32", "trainer.gradient_checkpointing=false",

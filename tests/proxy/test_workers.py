@@ -21,8 +21,9 @@ import pytest
 from processes import stop, wait_ok
 
 from fineenvs.bench.proxy import SAMPLED, child_pids, free_port, free_ports
+from fineenvs.proxy.sessions import shard_of
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
-from fineenvs.proxy.workers import settings_from_json, settings_to_json, shard_of
+from fineenvs.proxy.workers import settings_from_json, settings_to_json
 
 PY = sys.executable
 

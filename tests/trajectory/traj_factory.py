@@ -57,6 +57,6 @@ def chain(n_turns: int, *, start: int = 0, system: list[int] | None = None) -> l
 def proxy_calls_to_nodes(calls: list[dict[str, Any]]) -> list[CallNode]:
     """The proxy's recorded calls (``GET /sessions/{id}/rollout`` -> ``calls``) as graph nodes:
     the conversion the proxy and the attempt runner use."""
-    from fineenvs.proxy.control import calls_to_nodes
+    from fineenvs.trajectory.record import calls_to_nodes
 
     return calls_to_nodes(calls)
