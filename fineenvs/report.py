@@ -20,14 +20,10 @@ from typing import Any
 
 import matplotlib
 
+from fineenvs.jsonl import read_jsonl
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -129,8 +125,8 @@ def _fmt(v: Any) -> str:
 
 
 def render_run(run_dir: Path, out_dir: Path, prefix: str) -> tuple[str, list[Path]]:
-    metrics = _jsonl(run_dir / "metrics.jsonl")
-    attempts = _jsonl(run_dir / "attempts.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    attempts = read_jsonl(run_dir / "attempts.jsonl")
     results_path = run_dir / "eval" / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     pngs: list[Path] = []

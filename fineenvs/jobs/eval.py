@@ -14,6 +14,8 @@ recomputed from that file, so re-running with the same output directory skips gr
 retries only the ungraded ones (with a fresh retry budget), and a checkpoint whose cells are all
 graded does not even start an engine.
 
+The results maths (pass@1, co-solved tool calls, the tables) is ``fineenvs.results``.
+
 Tool-call reduction on co-solved tasks (published: multi-harness RL "31% fewer tool calls on tasks
 both solved"): the first checkpoint is the baseline; for each other checkpoint, the cells
 (task, harness) solved by both with a tool count on both; reduction = 1 - mean(other) /
@@ -36,13 +38,11 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import re
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,18 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
 from fineenvs.jobs.errors import EvalError, RunAborted
 from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
-from fineenvs.logging import MetricLogger, metric_key
+from fineenvs.logging import MetricLogger
+from fineenvs.results import (
+    EvalAttempt,
+    append_attempt,
+    compute_results,
+    eval_metrics,
+    first_graded,
+    format_tables,
+    label,
+    read_attempts,
+    write_results,
+)
 from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
@@ -59,289 +70,8 @@ from fineenvs.trajectory.record import CallRecord
 
 log = logging.getLogger("fineenvs.jobs.eval")
 
-SCHEMA_VERSION = 1
 BASE = "base"
 """``eval.checkpoints`` entry meaning the model under ``model`` (e.g. ``[base,outputs/.../step-700]``)."""
-
-
-# --------------------------------------------------------------------------- attempt records
-
-
-@dataclass
-class EvalAttempt:
-    """One attempt of one cell, as stored in ``eval/attempts.jsonl``."""
-
-    checkpoint: str
-    task_id: str
-    harness: str
-    try_index: int
-    attempt_id: str
-    reward: float | None
-    exit_reason: str = "finished"
-    answered: bool = False
-    """``answer.txt`` existed when the agent stopped."""
-    tool_calls: int | None = None
-    model_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cut_off_calls: int = 0
-    """Model calls that ended on the output-token cap (finish_reason ``length``)."""
-    duration_seconds: float = 0.0
-    error: str | None = None
-    step: int | None = None
-
-    @property
-    def infra_failure(self) -> bool:
-        """No usable grade for a reason outside the policy: retry it."""
-        if self.reward is None or self.exit_reason == "wiring_failure":
-            return True
-        return self.exit_reason in ("crashed", "timeout") and not self.answered
-
-    @property
-    def solved(self) -> bool:
-        return self.reward is not None and self.reward > 0
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EvalAttempt:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def is_infra_failure(attempt: EvalAttempt) -> bool:
-    return attempt.infra_failure
-
-
-def first_graded(attempts: Sequence[EvalAttempt]) -> EvalAttempt | None:
-    """The attempt that decides a cell: the first one (by try index) that is not an infra failure."""
-    for a in sorted(attempts, key=lambda a: a.try_index):
-        if not a.infra_failure:
-            return a
-    return None
-
-
-def read_attempts(path: Path) -> list[EvalAttempt]:
-    if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(EvalAttempt.from_json(json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as err:
-            # A line cut by a crash mid-write: that attempt simply runs again.
-            log.warning("%s:%d unreadable (%s); ignored", path, n, err)
-    return out
-
-
-def append_attempt(path: Path, attempt: EvalAttempt) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(asdict(attempt)) + "\n")
-
-
-# --------------------------------------------------------------------------- results (pure)
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def cell_stats(task_ids: Sequence[str], attempts: Sequence[EvalAttempt]) -> dict[str, Any]:
-    """Statistics of one checkpoint x harness over ``task_ids`` (attempts of that pair only)."""
-    by_task: dict[str, list[EvalAttempt]] = defaultdict(list)
-    for a in attempts:
-        by_task[a.task_id].append(a)
-    finals = {t: first_graded(by_task.get(t, [])) for t in task_ids}
-    graded = [a for a in finals.values() if a is not None]
-    solved = [a for a in graded if a.solved]
-    tools = [float(a.tool_calls) for a in graded if a.tool_calls is not None]
-    tried = [a for t in task_ids for a in by_task.get(t, [])]
-    exits: dict[str, int] = defaultdict(int)
-    for a in graded:
-        exits[a.exit_reason] += 1
-    n = len(task_ids)
-    return {
-        "tasks": n,
-        "graded": len(graded),
-        "solved": len(solved),
-        "ungraded": n - len(graded),
-        "attempts": len(tried),
-        "infra_failures": sum(1 for a in tried if a.infra_failure),
-        "pass_at_1": len(solved) / n if n else 0.0,
-        "pass_at_1_graded": len(solved) / len(graded) if graded else None,
-        "tool_calls_mean": _mean(tools),
-        "tool_calls_mean_solved": _mean([float(a.tool_calls) for a in solved if a.tool_calls is not None]),
-        "model_calls_mean": _mean([float(a.model_calls) for a in graded]),
-        "prompt_tokens": sum(a.prompt_tokens for a in graded),
-        "completion_tokens": sum(a.completion_tokens for a in graded),
-        "completion_tokens_mean": _mean([float(a.completion_tokens) for a in graded]),
-        "timeouts": sum(1 for a in graded if a.exit_reason == "timeout"),
-        "context_overflows": sum(1 for a in graded if a.exit_reason == "context_overflow"),
-        "budget_stops": sum(1 for a in graded if a.exit_reason == "budget_stop"),
-        "cut_off": sum(1 for a in graded if a.cut_off_calls > 0),
-        "exit_reasons": dict(sorted(exits.items())),
-    }
-
-
-def co_solved(
-    base: dict[tuple[str, str], EvalAttempt],
-    other: dict[tuple[str, str], EvalAttempt],
-    harnesses: Sequence[str],
-) -> dict[str, Any]:
-    """Tool calls on the (task, harness) cells both checkpoints solved (with a tool count on both)."""
-
-    def summary(keys: list[tuple[str, str]]) -> dict[str, Any]:
-        b = [float(base[k].tool_calls or 0) for k in keys]
-        o = [float(other[k].tool_calls or 0) for k in keys]
-        mb, mo = _mean(b), _mean(o)
-        reduction = 1.0 - mo / mb if mb and mo is not None else None
-        return {"cells": len(keys), "mean_tool_calls_base": mb, "mean_tool_calls": mo, "reduction": reduction}
-
-    keys = sorted(
-        k
-        for k in base.keys() & other.keys()
-        if base[k].solved
-        and other[k].solved
-        and base[k].tool_calls is not None
-        and other[k].tool_calls is not None
-    )
-    out = summary(keys)
-    out["per_harness"] = {h: summary([k for k in keys if k[1] == h]) for h in harnesses}
-    return out
-
-
-def compute_results(
-    attempts: Sequence[EvalAttempt],
-    *,
-    checkpoints: Sequence[str],
-    harnesses: Sequence[str],
-    task_ids: Sequence[str],
-    split: str,
-    steps: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """The results document (module docstring) from every attempt; attempts outside the given
-    checkpoints, harnesses or tasks are ignored."""
-    tasks = set(task_ids)
-    by_pair: dict[tuple[str, str], list[EvalAttempt]] = defaultdict(list)
-    for a in attempts:
-        if a.task_id in tasks:
-            by_pair[(a.checkpoint, a.harness)].append(a)
-    cells: dict[str, dict[str, Any]] = {}
-    finals: dict[str, dict[tuple[str, str], EvalAttempt]] = {}
-    for c in checkpoints:
-        cells[c] = {h: cell_stats(task_ids, by_pair[(c, h)]) for h in harnesses}
-        finals[c] = {}
-        for h in harnesses:
-            per_task: dict[str, list[EvalAttempt]] = defaultdict(list)
-            for a in by_pair[(c, h)]:
-                per_task[a.task_id].append(a)
-            for t, items in per_task.items():
-                final = first_graded(items)
-                if final is not None:
-                    finals[c][(t, h)] = final
-    total = len(task_ids) * len(harnesses)
-    results: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "split": split,
-        "tasks": len(task_ids),
-        "harnesses": list(harnesses),
-        "checkpoints": list(checkpoints),
-        "baseline": checkpoints[0] if checkpoints else None,
-        "pass_at_1": {c: {h: cells[c][h]["pass_at_1"] for h in harnesses} for c in checkpoints},
-        "overall": {
-            c: (sum(cells[c][h]["solved"] for h in harnesses) / total if total else 0.0) for c in checkpoints
-        },
-        "tool_call_reduction": {},
-        "co_solved": {},
-        "cells": cells,
-    }
-    if steps:
-        results["steps"] = {c: steps[c] for c in checkpoints if c in steps}
-    if checkpoints:
-        base = checkpoints[0]
-        for c in checkpoints[1:]:
-            key = f"{c} vs {base}"
-            detail = co_solved(finals[base], finals[c], harnesses)
-            results["co_solved"][key] = detail
-            if detail["reduction"] is not None:
-                results["tool_call_reduction"][key] = detail["reduction"]
-    return results
-
-
-def write_results(path: Path, results: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    tmp.replace(path)
-
-
-def eval_metrics(results: dict[str, Any], checkpoint: str) -> dict[str, float]:
-    """W&B / metrics.jsonl keys of one checkpoint: ``eval/pass_at_1``, ``eval/harness/<h>/...``."""
-    out: dict[str, float] = {metric_key("eval", "pass_at_1"): float(results["overall"][checkpoint])}
-    tools: list[float] = []
-    for h, cell in results["cells"][checkpoint].items():
-        out[metric_key("eval", "pass_at_1", h)] = float(cell["pass_at_1"])
-        out[metric_key("eval", "ungraded", h)] = float(cell["ungraded"])
-        out[metric_key("eval", "timeouts", h)] = float(cell["timeouts"])
-        out[metric_key("eval", "context_overflows", h)] = float(cell["context_overflows"])
-        if cell["tool_calls_mean"] is not None:
-            out[metric_key("eval", "tool_calls_mean", h)] = float(cell["tool_calls_mean"])
-            tools.append(float(cell["tool_calls_mean"]))
-        if cell["completion_tokens_mean"] is not None:
-            out[metric_key("eval", "completion_tokens_mean", h)] = float(cell["completion_tokens_mean"])
-    if tools:
-        out[metric_key("eval", "tool_calls_mean")] = statistics.fmean(tools)
-    for key, value in results["tool_call_reduction"].items():
-        if key.startswith(f"{checkpoint} vs "):
-            out[metric_key("eval", "tool_call_reduction")] = float(value)
-    return out
-
-
-def _label(checkpoint: str) -> str:
-    p = Path(checkpoint)
-    return f"{p.parent.name}/{p.name}" if p.parent.name and len(p.parts) > 1 else checkpoint
-
-
-def format_tables(results: dict[str, Any]) -> str:
-    """The published tables: checkpoint x harness pass@1 with overall, co-solved tool calls, details."""
-    hs: list[str] = results["harnesses"]
-    ckpts: list[str] = results["checkpoints"]
-    labels = {c: _label(c) for c in ckpts}
-    w = max([len("checkpoint"), *(len(v) for v in labels.values())])
-    cols = [max(len(h), 7) for h in hs]
-    lines = [f"pass@1 on {results['tasks']} {results['split']} tasks (first graded attempt)"]
-    lines.append(
-        f"{'checkpoint':<{w}}  " + "  ".join(f"{h:>{n}}" for h, n in zip(hs, cols, strict=True)) + "  overall"
-    )
-    for c in ckpts:
-        row = "  ".join(
-            f"{results['pass_at_1'][c][h] * 100:>{n - 1}.1f}%" for h, n in zip(hs, cols, strict=True)
-        )
-        lines.append(f"{labels[c]:<{w}}  {row}  {results['overall'][c] * 100:>6.1f}%")
-    if results["co_solved"]:
-        lines.append("")
-        lines.append("tool calls on co-solved tasks (reduction = 1 - mean(checkpoint) / mean(baseline))")
-        for key, d in results["co_solved"].items():
-            red = "-" if d["reduction"] is None else f"{d['reduction'] * 100:.1f}%"
-            mb = "-" if d["mean_tool_calls_base"] is None else f"{d['mean_tool_calls_base']:.2f}"
-            mo = "-" if d["mean_tool_calls"] is None else f"{d['mean_tool_calls']:.2f}"
-            lines.append(f"  {key}: {d['cells']} cells, baseline {mb} -> {mo} tool calls, reduction {red}")
-    lines.append("")
-    lines.append(
-        f"{'checkpoint':<{w}}  {'harness':<14} {'graded':>6} {'solved':>6} {'ungraded':>8} {'tools':>6} "
-        f"{'out tok':>8} {'timeouts':>8} {'ctx ovf':>7} {'cut off':>7}"
-    )
-    for c in ckpts:
-        for h in hs:
-            s = results["cells"][c][h]
-            tools = "-" if s["tool_calls_mean"] is None else f"{s['tool_calls_mean']:.1f}"
-            tok = "-" if s["completion_tokens_mean"] is None else f"{s['completion_tokens_mean']:.0f}"
-            lines.append(
-                f"{labels[c]:<{w}}  {h:<14} {s['graded']:>6} {s['solved']:>6} {s['ungraded']:>8} {tools:>6} "
-                f"{tok:>8} {s['timeouts']:>8} {s['context_overflows']:>7} {s['cut_off']:>7}"
-            )
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- running cells
@@ -429,16 +159,7 @@ async def run_cells(
                 try:
                     outcome = await runner(group, 0, policy_version)
                 except Exception as err:  # noqa: BLE001 - an infrastructure error is a value, retried
-                    outcome = AttemptOutcome(
-                        attempt_id=group.attempt_ids[0],
-                        group_id=gid,
-                        task_id=task_id,
-                        harness=harness,
-                        policy_version=policy_version,
-                        reward=None,
-                        exit_reason="crashed",
-                        error=f"{type(err).__name__}: {err}",
-                    )
+                    outcome = AttemptOutcome.crashed(group, 0, policy_version, err)
             rec = _record(checkpoint, n, outcome, step)
             sink(rec)
             new.append(rec)
@@ -523,7 +244,7 @@ def eval_tasks(run: RunConfig, limit: int | None) -> list[Any]:
 
 
 def _slug(checkpoint: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", _label(checkpoint)).strip("_")[-60:]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label(checkpoint)).strip("_")[-60:]
     return f"{name}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:8]}"
 
 
@@ -663,7 +384,7 @@ async def _run_eval(run: RunConfig) -> float:
         with MetricLogger(
             run.logger,
             out / _slug(key),
-            run_name=f"eval-{_label(key)}",
+            run_name=f"eval-{label(key)}",
             # The run's config at top level (dashboards group by config.experiment) plus the checkpoint.
             config={**asdict(run), "eval_checkpoint": key},
         ) as logger:
@@ -757,18 +478,11 @@ def evaluate_checkpoint(
 
 __all__ = [
     "BASE",
-    "EvalAttempt",
     "EvalAttemptRunner",
     "EvalError",
     "aevaluate_checkpoint",
-    "compute_results",
     "evaluate_checkpoint",
-    "first_graded",
-    "format_tables",
-    "is_infra_failure",
-    "read_attempts",
     "resolve_checkpoints",
     "run_cells",
     "run_eval",
-    "write_results",
 ]

@@ -23,7 +23,6 @@ A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same ``outpu
 from __future__ import annotations
 
 import json
-import math
 import signal
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ from typing import Any
 
 from fineenvs.config import MiniReproSpec, RunConfig
 from fineenvs.jobs.errors import StageFailed
+from fineenvs.jsonl import read_jsonl
+from fineenvs.results import wilson
 
 STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
@@ -239,22 +240,6 @@ def run_mini_repro(run: RunConfig) -> float | None:
 # --------------------------------------------------------------------------- the table
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion (over tasks)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -300,7 +285,7 @@ def summary_table(out: Path) -> str:
                 + (f" ({-red * 100:+.0f}%)" if red is not None else "")
             )
         lines += ["", "Prompt tokens of an attempt's first call, per harness (eval, base):", ""]
-        attempts = _jsonl(out / "eval" / "eval" / "attempts.jsonl")
+        attempts = read_jsonl(out / "eval" / "eval" / "attempts.jsonl")
         first = r["checkpoints"][0] if r["checkpoints"] else None
         for h in harnesses:
             mine = [a for a in attempts if a.get("harness") == h and a.get("checkpoint") == first]
@@ -308,8 +293,8 @@ def summary_table(out: Path) -> str:
             if per_call:
                 lines.append(f"- {h}: {statistics.median(per_call):.0f} prompt tokens per call (median)")
     for stage in ("rl_one", "rl_mix"):
-        metrics = _jsonl(out / stage / "metrics.jsonl")
-        attempts = _jsonl(out / stage / "attempts.jsonl")
+        metrics = read_jsonl(out / stage / "metrics.jsonl")
+        attempts = read_jsonl(out / stage / "attempts.jsonl")
         if not metrics and not attempts:
             continue
         lines += ["", f"{stage}:", ""]

@@ -32,6 +32,7 @@ from fineenvs.config import GRPOSpec, ModelSource, RunConfig, WeightSyncKind
 from fineenvs.jobs.builders import engine_dtype, load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
+from fineenvs.jsonl import append_jsonl
 from fineenvs.logging import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
@@ -158,11 +159,13 @@ def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
 
 
 def _write_attempts(path: Path, group: GroupOutcome) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        for a in group.attempts:
-            rec = {k: v for k, v in asdict(a).items() if k != "rows"}
-            rec["rows"] = len(a.rows)
-            f.write(json.dumps(rec) + "\n")
+    append_jsonl(
+        path,
+        *(
+            {**{k: v for k, v in asdict(a).items() if k != "rows"}, "rows": len(a.rows)}
+            for a in group.attempts
+        ),
+    )
 
 
 class GroupAdmission:

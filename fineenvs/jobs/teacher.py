@@ -28,6 +28,7 @@ from fineenvs.config import RunConfig, SFTSpec
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
+from fineenvs.jsonl import append_jsonl, read_jsonl
 from fineenvs.logging import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
@@ -115,16 +116,7 @@ async def collect_pairs(
                 try:
                     outcome = await runner(group, index, 0)
                 except Exception as err:  # noqa: BLE001 - one broken attempt must not end the collection
-                    outcome = AttemptOutcome(
-                        attempt_id=group.attempt_ids[index],
-                        group_id=group.group_id,
-                        task_id=group.task_id,
-                        harness=group.harness,
-                        policy_version=0,
-                        reward=None,
-                        exit_reason="crashed",
-                        error=f"{type(err).__name__}: {err}",
-                    )
+                    outcome = AttemptOutcome.crashed(group, index, 0, err)
                 result.attempts.append(outcome)
                 exits[outcome.exit_reason] += 1
                 ungraded_run[0] = ungraded_run[0] + 1 if outcome.reward is None else 0
@@ -171,17 +163,6 @@ def _pair_record(p: PairResult, attempts_dir: Path) -> dict[str, Any]:
     }
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
     """attempt id → newest proxy session of that attempt (a rerun attempt gets a new session)."""
     from fineenvs.proxy.store import CallStore
@@ -199,7 +180,7 @@ def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
 
 def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> dict[str, Any]:
     """``teacher_manifest.json`` from the pairs log and the proxy store; returns the summary."""
-    latest = {p["group_id"]: p for p in _read_jsonl(out / PAIRS_LOG)}  # a rerun pair's newest line wins
+    latest = {p["group_id"]: p for p in read_jsonl(out / PAIRS_LOG)}  # a rerun pair's newest line wins
     pairs = list(latest.values())
     sessions = _sessions_by_attempt(store_dir)
     kept: list[dict[str, Any]] = []
@@ -265,7 +246,7 @@ def pending_pairs(groups: Sequence[PlannedGroup], out: Path) -> list[PlannedGrou
     A pending pair starts over from its first attempt, so its old attempt directories are removed:
     a work directory left by an interrupted attempt could hold a stale ``answer.txt``.
     """
-    settled = {p["group_id"] for p in _read_jsonl(out / PAIRS_LOG) if p.get("settled", True)}
+    settled = {p["group_id"] for p in read_jsonl(out / PAIRS_LOG) if p.get("settled", True)}
     todo = [g for g in groups if g.group_id not in settled]
     for g in todo:
         shutil.rmtree(out / "attempts" / g.group_id, ignore_errors=True)
@@ -307,7 +288,7 @@ async def _collect_teacher(run: RunConfig) -> float:
         finished = [0]
 
         def on_pair(p: PairResult) -> None:
-            _append_jsonl(out / PAIRS_LOG, _pair_record(p, attempts_dir))
+            append_jsonl(out / PAIRS_LOG, _pair_record(p, attempts_dir))
             finished[0] += 1
             kept = p.kept
             print(
@@ -322,7 +303,7 @@ async def _collect_teacher(run: RunConfig) -> float:
                 todo,
                 runner,
                 max_inflight=s.max_inflight,
-                on_attempt=lambda a: _append_jsonl(out / "attempts.jsonl", _attempt_record(a)),
+                on_attempt=lambda a: append_jsonl(out / "attempts.jsonl", _attempt_record(a)),
                 on_pair=on_pair,
                 max_consecutive_ungraded=s.max_consecutive_empty_groups * s.max_inflight,
             )

@@ -38,13 +38,29 @@ class AttemptOutcome:
     exit_reason: str = "finished"
     rows: list[Row] = field(default_factory=list)
     """The attempt's trainable rows (none for evaluation attempts)."""
-    """Training rows of the attempt (fineenvs.trajectory rows), trainable ones only."""
     tool_calls: int | None = None
     tool_calls_verified: bool = False
     duration_seconds: float = 0.0
     model_calls: int = 0
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def crashed(
+        cls, group: PlannedGroup, index: int, policy_version: int, err: BaseException
+    ) -> AttemptOutcome:
+        """Attempt ``index`` of ``group`` whose runner raised: an ungraded outcome, never an exception
+        out of a concurrency loop (RL scheduler, teacher collection, evaluation cells)."""
+        return cls(
+            attempt_id=group.attempt_ids[index],
+            group_id=group.group_id,
+            task_id=group.task_id,
+            harness=group.harness,
+            policy_version=policy_version,
+            reward=None,
+            exit_reason="crashed",
+            error=f"{type(err).__name__}: {err}",
+        )
 
 
 @dataclass
@@ -188,16 +204,7 @@ class RolloutScheduler:
                 try:
                     return await self.runner(group, index, version)
                 except Exception as err:  # noqa: BLE001 - a runner bug must not kill the run: it is a value
-                    return AttemptOutcome(
-                        attempt_id=group.attempt_ids[index],
-                        group_id=group.group_id,
-                        task_id=group.task_id,
-                        harness=group.harness,
-                        policy_version=version,
-                        reward=None,
-                        exit_reason="crashed",
-                        error=f"{type(err).__name__}: {err}",
-                    )
+                    return AttemptOutcome.crashed(group, index, version, err)
             finally:
                 self.inflight -= 1
                 slots.release()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from fineenvs.dashboards import PAPER_MIX, build_report, dashboard_spec, default_harnesses, main
-from fineenvs.jobs.eval import EvalAttempt, compute_results, eval_metrics
 from fineenvs.jobs.rl import group_metrics
+from fineenvs.results import EvalAttempt, compute_results, eval_metrics
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, GroupOutcome
 

@@ -16,6 +16,7 @@ import fineenvs.jobs.eval as ev
 from fineenvs.config import RunConfig, to_run_config
 from fineenvs.logging import MetricLogger, read_metrics
 from fineenvs.paths import CONF_DIR
+from fineenvs.results import append_attempt, read_attempts
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 
@@ -164,7 +165,7 @@ def test_hook_against_a_running_engine(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     cell = results["cells"]["step-3"]["mini_swe_agent"]
     assert cell["tasks"] == 1 and cell["attempts"] >= 1
-    attempts = ev.read_attempts(tmp_path / "eval" / "attempts.jsonl")
+    attempts = read_attempts(tmp_path / "eval" / "attempts.jsonl")
     assert attempts and all(a.step == 3 for a in attempts)
     if cell["graded"]:
         assert cell["prompt_tokens"] > 0 and attempts[0].model_calls >= 1
@@ -185,7 +186,7 @@ def test_run_eval_orchestration_and_resume(
         solver = Solver(solved={tasks[0].task_id} if ckpt_run is not run else set(), tools=4)
         return await ev.run_cells(
             solver, checkpoint=checkpoint, task_ids=[t.task_id for t in tasks], harnesses=list(run.harness),
-            prior=prior, infra_retries=1, concurrency=2, sink=lambda a: ev.append_attempt(records, a),
+            prior=prior, infra_retries=1, concurrency=2, sink=lambda a: append_attempt(records, a),
         )  # fmt: skip
 
     monkeypatch.setattr(ev, "_serve_and_evaluate", fake_serve)

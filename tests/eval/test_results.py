@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.jobs.eval import (
+from fineenvs.jobs.errors import EvalError
+from fineenvs.jobs.eval import run_cells
+from fineenvs.report import write_report
+from fineenvs.results import (
     EvalAttempt,
-    EvalError,
     compute_results,
     eval_metrics,
     first_graded,
     format_tables,
     read_attempts,
-    run_cells,
     write_results,
 )
-from fineenvs.report import write_report
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 
@@ -238,7 +238,7 @@ def _o(
 def _run(
     runner: ScriptedRunner, prior: list[EvalAttempt], sink_path: Path, retries: int = 2
 ) -> list[EvalAttempt]:
-    from fineenvs.jobs.eval import append_attempt
+    from fineenvs.results import append_attempt
 
     return asyncio.run(
         run_cells(

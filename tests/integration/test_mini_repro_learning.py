@@ -20,7 +20,6 @@ mean reward (correctness plus the tool bonus) must rise. Measured with this exac
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import statistics
@@ -31,18 +30,13 @@ from pathlib import Path
 import pytest
 
 from fineenvs.harnesses import check_installed
+from fineenvs.results import sign_test_p
 
 # ~25 minutes on an idle 2-core machine: its own tier (make test-learning), which CI runs.
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
 
 EVAL_TASKS = 36
 ALPHA = 0.05
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """One-sided exact sign test: P(at least ``wins`` of the differing tasks go to RL by chance)."""
-    n = wins + losses
-    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
 
 
 def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from fineenvs.config import (
     SFTSpec,
     to_run_config,
 )
-from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table, wilson
+from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table
 from fineenvs.paths import CONF_DIR
+from fineenvs.results import wilson
 
 
 def _load(*overrides: str) -> RunConfig:
