@@ -218,6 +218,13 @@ class HarnessSpec:
 
 
 @dataclass
+class SubsetSpec:
+    easy: int = 0
+    medium: int = 0
+    hard: int = 0
+
+
+@dataclass
 class TasksSpec:
     name: str = MISSING
     """demo | mini | smoldataenvs"""
@@ -226,7 +233,9 @@ class TasksSpec:
     """Local directory (Harbor layout) instead of the Hub."""
     revision: str | None = None
     subset: str | None = None
-    """``published_1000``: the fixed 400 medium + 600 hard training subset."""
+    """A name in ``subsets``: the fixed training subset (train split only; e.g. ``published_1000``)."""
+    subsets: dict[str, SubsetSpec] = field(default_factory=dict)
+    """Named training subsets of this task set: tasks per tier (``conf/tasks/<name>.yaml``)."""
     limit: int | None = None
     difficulties: list[str] = field(default_factory=list)
     seed: int = 0
@@ -470,6 +479,7 @@ def validate(run: RunConfig) -> None:
     problems: list[str] = []
     problems += _check_sampling(run)
     problems += _check_harnesses(run)
+    problems += _check_tasks(run)
     problems += _check_trainer(run)
     problems += _check_scheduler(run)
     problems += _check_engine(run)
@@ -541,6 +551,17 @@ def _adapter_formats(name: str) -> tuple[str, ...] | None:
 
     adapter = HARNESSES.get(name)
     return None if adapter is None else tuple(adapter.api_formats)
+
+
+def _check_tasks(run: RunConfig) -> list[str]:
+    t = run.tasks
+    if t.subset is not None and t.subset not in t.subsets:
+        known = ", ".join(sorted(t.subsets)) or "none"
+        return [
+            f"tasks.subset={t.subset} is not a subset of the {t.name} tasks (its subsets: {known}; "
+            f"conf/tasks/{t.name}.yaml lists them). Fix: tasks.subset=null, or one of those"
+        ]
+    return []
 
 
 def _check_trainer(run: RunConfig) -> list[str]:

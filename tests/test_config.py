@@ -150,6 +150,13 @@ def test_sft_trainer_refuses_grpo_keys() -> None:
     assert "epsilon_high" in str(err.value) or "epsilon_high" in str(err.value.__cause__)
 
 
+def test_unknown_task_subset_names_the_known_ones() -> None:
+    run = load("+experiment=rl_multi", "tasks.subset=qwen_1000")
+    assert (run.tasks.subset, run.tasks.subsets["qwen_1000"].easy) == ("qwen_1000", 150)
+    problems = _problems("+experiment=rl_multi", "tasks.subset=all")
+    assert any("published_1000, qwen_1000" in p and "tasks.subset=null" in p for p in problems)
+
+
 def test_grpo_needs_groups_of_two() -> None:
     problems = _problems("+experiment=rl_multi", "scheduler.group_size=1")
     assert any("scheduler.group_size must be >= 2" in p and "trainer=sft" in p for p in problems)

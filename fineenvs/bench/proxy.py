@@ -1,11 +1,9 @@
 """``python -m fineenvs.bench proxy`` (or ``python -m fineenvs.bench.proxy``): the capture proxy's costs.
 
-One run, loopback only, bounded in count and time, against an instant engine stand-in (a raw
-asyncio HTTP server in its own process that answers every chat completion with a canned,
-vLLM-shaped reply whose ``prompt_token_ids`` derive from the request bytes, so prompts grow and
-share prefixes like a real agent's). The proxy runs as its real command
-(``python -m fineenvs.proxy serve``) in its own process; the load generator is a minimal raw
-HTTP/1.1 client so that it costs little CPU next to what it measures.
+One run, loopback only, bounded in count and time, against an instant engine stand-in in its own
+process (``fineenvs.bench.servers``). The proxy runs as its real command
+(``python -m fineenvs.proxy serve``) in its own process; the load generator is the minimal raw
+HTTP/1.1 client of ``fineenvs.bench.common``, so that it costs little CPU next to what it measures.
 
 Figures:
 - latency p50/p99, direct to the stand-in vs through the proxy, for small chat requests and for
@@ -24,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,335 +38,23 @@ from urllib.parse import urlsplit
 
 import orjson
 
-HOST = "127.0.0.1"
-SAMPLED = list(range(1000, 1020))
-VOCAB = 151_000
-
-
-# ---------------------------------------------------------------------------------------------
-# Instant engine stand-in (runs in its own process: ``python -m fineenvs.bench.proxy standin``)
-
-
-def _standin_reply(body: bytes) -> bytes:
-    import numpy as np
-
-    # Render like a chat template (tools first, then messages in order) so that a longer
-    # conversation's prompt extends the shorter one's, then read 4 bytes as one token.
-    request = orjson.loads(body) if body else {}
-    rendered = orjson.dumps(request.get("tools")) + b"".join(
-        orjson.dumps(m) for m in request.get("messages", [])
-    )
-    usable = len(rendered) // 4 * 4
-    ids = np.frombuffer(rendered[:usable], dtype="<u4") % VOCAB
-    head = {
-        "id": "chatcmpl-standin",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "standin",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Done: the files are listed."},
-                "finish_reason": "stop",
-                "token_ids": SAMPLED,
-                "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25} for t in SAMPLED]},
-            }
-        ],
-        "usage": {"prompt_tokens": int(ids.size), "completion_tokens": len(SAMPLED), "total_tokens": 0},
-        "weight_version": 0,
-    }
-    return (
-        orjson.dumps(head)[:-1]
-        + b',"prompt_token_ids":'
-        + orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
-        + b"}"
-    )
-
-
-async def _standin_conn(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float = 0.0
-) -> None:
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            body = await reader.readexactly(length) if length else b""
-            path = head.split(b" ", 2)[1]
-            chat = path.startswith(b"/v1/chat/completions")
-            if chat and delay_s:
-                await asyncio.sleep(delay_s)  # an engine at work: time passes, no CPU is spent
-            reply = _standin_reply(body) if chat else b'{"status":"ok"}'
-            writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                % len(reply)
-                + reply
-            )
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-        pass
-    finally:
-        writer.close()
-
-
-async def _relay_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(1 << 20):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
-def run_relay(port: int, upstream: int) -> None:
-    """A null proxy: copies bytes between each client connection and its own upstream connection.
-
-    It parses nothing, converts nothing and records nothing, so its throughput against the stand-in
-    is the most any process placed in the path can reach on this machine.
-    """
-
-    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(HOST, upstream, limit=1 << 22)
-        await asyncio.gather(_relay_pipe(reader, up_writer), _relay_pipe(up_reader, writer))
-
-    async def serve() -> None:
-        server = await asyncio.start_server(conn, HOST, port, backlog=4096, limit=1 << 22)
-        async with server:
-            await server.serve_forever()
-
-    _run_fast(serve())
-
-
-def _run_fast(coro: Any) -> None:
-    # The proxy runs on uvloop (uvicorn's default when installed): give the baselines the same loop.
-    try:
-        import uvloop
-
-        uvloop.run(coro)
-    except ImportError:
-        asyncio.run(coro)
-
-
-def run_standin(port: int, delay_ms: float = 0.0) -> None:
-    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _standin_conn(reader, writer, delay_ms / 1000)
-
-    async def serve() -> None:
-        server = await asyncio.start_server(conn, HOST, port, backlog=4096, limit=1 << 20)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(serve())
-
-
-# ---------------------------------------------------------------------------------------------
-# Raw HTTP/1.1 keep-alive client
-
-
-class RawConn:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(
-        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-    ) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(HOST, self.port, limit=1 << 22)
-        assert self.reader is not None
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.writer.write(
-            f"{method} {path} HTTP/1.1\r\nhost: {HOST}:{self.port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n{extra}\r\n".encode()
-            + body
-        )
-        await self.writer.drain()
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        length, chunked = None, False
-        for line in head.split(b"\r\n")[1:]:
-            low = line.lower()
-            if low.startswith(b"content-length:"):
-                length = int(line[15:])
-            elif low.startswith(b"transfer-encoding:") and b"chunked" in low:
-                chunked = True
-        if chunked:
-            parts = []
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
-                parts.append(await self.reader.readexactly(size + 2))
-                if size == 0:
-                    break
-            return status, b"".join(p[:-2] for p in parts)
-        return status, await self.reader.readexactly(length or 0)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Workloads
-
-
-def small_chat(i: int) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": f"List the files, please ({i})."}]}
-
-
-def claude_code_request(turns: int, *, target_bytes: int = 200_000) -> dict[str, Any]:
-    """An Anthropic Messages body shaped like Claude Code's: big system blocks, ~20 tools, tool history."""
-    words = "the quick brown fox jumps over the lazy dog while the agent reads files and edits code "
-    system = [
-        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=00000;"},
-        {
-            "type": "text",
-            "text": "You are Claude Code. " + words * 300,
-            "cache_control": {"type": "ephemeral"},
-        },
-    ]
-    tools = [
-        {
-            "name": f"tool_{t}",
-            "description": (f"Tool number {t}. " + words * 12),
-            "input_schema": {
-                "type": "object",
-                "properties": {f"arg{a}": {"type": "string", "description": words[:60]} for a in range(8)},
-                "required": ["arg0"],
-            },
-        }
-        for t in range(20)
-    ]
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Fix the failing test in the repo. " + words * 20}
-    ]
-    body = {
-        "model": "claude-opus-4-8",
-        "max_tokens": 32000,
-        "system": system,
-        "tools": tools,
-        "messages": messages,
-    }
-    filler = 0
-    while len(orjson.dumps(body)) < target_bytes:
-        messages += _turn(filler, words * 40)
-        filler += 1
-    for t in range(turns):
-        messages += _turn(10_000 + t, words * 10)
-    return body
-
-
-def _turn(n: int, output: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "tool_use", "id": f"toolu_{n}", "name": "tool_1", "input": {"arg0": f"ls {n}"}}
-            ],
-        },
-        {
-            "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": f"{n}: {output}"}],
-        },
-    ]
-
-
-def as_engine_body(anthropic_body: dict[str, Any]) -> dict[str, Any]:
-    """What the proxy would send upstream for ``anthropic_body`` (the direct baseline's request)."""
-    from fineenvs.dialects import DIALECTS
-
-    canonical = DIALECTS["anthropic_messages"].to_canonical(anthropic_body, path="/v1/messages", query={})
-    return {**canonical.body, "model": "standin", "stream": False, "logprobs": True, "top_logprobs": 0}
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes and measurement helpers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (system time includes the kernel's fsync work)."""
-    user, system = cpu_split(pid)
-    return user + system
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def cpu_ms_exact(pid: int) -> float | None:
-    """On-CPU milliseconds of every thread of ``pid`` at microsecond resolution (user + kernel).
-
-    ``/proc/<pid>/stat`` counts 10 ms ticks, too coarse for a few dozen calls of a few ms each;
-    the scheduler's own runtime (``se.sum_exec_runtime``) is exact. None where the kernel hides it.
-    """
-    total = 0.0
-    try:
-        for sched in Path(f"/proc/{pid}/task").glob("*/sched"):
-            for line in sched.read_text().splitlines():
-                if line.startswith("se.sum_exec_runtime"):
-                    total += float(line.split(":")[1])
-                    break
-            else:
-                return None
-    except (OSError, ValueError):
-        return None
-    return total
-
-
-def child_pids(parent: int) -> list[int]:
-    """Processes whose parent is ``parent`` (from /proc)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                pids.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def wait_http(port: int, path: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = RawConn(port)
-        try:
-            status, _ = await conn.request("GET", path)
-            if status == 200:
-                return
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nothing answered on 127.0.0.1:{port}{path} within {timeout} s")
-        await asyncio.sleep(0.1)
+from fineenvs.bench.common import (
+    HOST,
+    RawConn,
+    as_engine_body,
+    child_pids,
+    claude_code_request,
+    cpu_ms_exact,
+    cpu_seconds,
+    cpu_split,
+    free_port,
+    free_ports,
+    pct,
+    rss_mb,
+    small_chat,
+    wait_http,
+)
+from fineenvs.bench.servers import HealthPoller
 
 
 @dataclass
@@ -429,23 +113,6 @@ class Stack:
                 proc.kill()
 
 
-def free_ports(n: int) -> int:
-    """A port P with P..P+n-1 all free (``serve --workers n`` binds that range)."""
-    for _ in range(200):
-        port = free_port()
-        if port + n - 1 > 65535:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for k in range(1, n):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind((HOST, port + k))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no {n} consecutive free ports on {HOST}")
-
-
 async def start_stack(
     store_dir: Path, *, fsync: bool, workers: int = 1, engine_delay_ms: float = 0.0
 ) -> Stack:
@@ -465,7 +132,7 @@ async def _start_stack(stack: Stack, *, fsync: bool, workers: int, engine_delay_
             [
                 sys.executable,
                 "-m",
-                "fineenvs.bench.proxy",
+                "fineenvs.bench.servers",
                 "standin",
                 "--port",
                 str(stack.standin_port),
@@ -601,52 +268,6 @@ def record_sizes(store_dir: Path) -> dict[str, float]:
     return {"stored_bytes": s, "full_bytes": f, "ratio": f / s}
 
 
-def poll_health(port: int, interval: float = 0.02) -> None:
-    """Subprocess body: GET /health every ``interval`` s until stdin closes; print latencies (ms).
-
-    It runs in its own process so that the load generator's busy event loop cannot inflate the
-    latency it measures.
-    """
-    import threading
-
-    stop = threading.Event()
-
-    def wait_for_eof() -> None:
-        sys.stdin.read()
-        stop.set()
-
-    threading.Thread(target=wait_for_eof, daemon=True).start()
-    sock = socket.create_connection((HOST, port))
-    request = f"GET /health HTTP/1.1\r\nhost: {HOST}:{port}\r\n\r\n".encode()
-    times: list[float] = []
-    while not stop.is_set():
-        t0 = time.perf_counter()
-        sock.sendall(request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += sock.recv(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        while len(body) < length:
-            body += sock.recv(65536)
-        times.append((time.perf_counter() - t0) * 1000 if head.startswith(b"HTTP/1.1 200") else float("inf"))
-        stop.wait(interval)
-    print(orjson.dumps(times).decode(), flush=True)
-
-
-class HealthPoller:
-    def __init__(self, port: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fineenvs.bench.proxy", "poll-health", "--port", str(port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-
-    def finish(self) -> list[float]:
-        out, _ = self.proc.communicate(b"", timeout=60)
-        return [float(x) for x in orjson.loads(out)]
-
-
 async def concurrent_load(
     port: int | Callable[[int], int],
     n_sessions: int,
@@ -717,7 +338,7 @@ async def capacity(
             [
                 sys.executable,
                 "-m",
-                "fineenvs.bench.proxy",
+                "fineenvs.bench.servers",
                 "relay",
                 "--port",
                 str(relay_port),
@@ -965,16 +586,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["standin"]:
-        delay = float(argv[argv.index("--delay-ms") + 1]) if "--delay-ms" in argv else 0.0
-        run_standin(int(argv[argv.index("--port") + 1]), delay)
-        return 0
-    if argv[:1] == ["relay"]:
-        run_relay(int(argv[argv.index("--port") + 1]), int(argv[argv.index("--upstream") + 1]))
-        return 0
-    if argv[:1] == ["poll-health"]:
-        poll_health(int(argv[argv.index("--port") + 1]))
-        return 0
     args = build_parser().parse_args(argv)
     args.small_calls, args.attempts, args.repeats = (500, 4, 3) if args.full else (200, 2, 3)
     args.calls_each, args.memory_calls = (5, 3) if args.full else (2, 2)

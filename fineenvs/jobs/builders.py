@@ -33,12 +33,15 @@ def resolve_model_dir(run: RunConfig) -> Path:
 
 def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
     """The run's tasks in their fixed order: filters, then the training subset, then ``tasks.limit``."""
-    from fineenvs.tasks import TaskFilter, load_tasks
+    from fineenvs.tasks import TaskFilter, TrainingSubset, load_tasks
 
     t = run.tasks
     split = split or t.split
     filters = TaskFilter(difficulties=tuple(t.difficulties)) if t.difficulties else None
-    subset = t.subset if split == "train" else None
+    subset = None
+    if split == "train" and t.subset is not None:
+        counts = t.subsets[t.subset]
+        subset = TrainingSubset(t.subset, counts.easy, counts.medium, counts.hard)
     return list(
         load_tasks(
             t.name, split=split, path=t.path, revision=t.revision, filters=filters, seed=t.seed,

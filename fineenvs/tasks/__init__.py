@@ -35,11 +35,18 @@ TASK_SETS = ("demo", "mini", "smoldataenvs")
 TRAIN_SUBSET_SALT = "fineenvs-train-1000-v1"
 TRAIN_SUBSET_MEDIUM = 400
 TRAIN_SUBSET_HARD = 600
-# name -> (easy, medium, hard): the published LFM pool, and the earlier, easier Qwen3.5 pool.
-SUBSETS: dict[str, tuple[int, int, int]] = {
-    "published_1000": (0, TRAIN_SUBSET_MEDIUM, TRAIN_SUBSET_HARD),
-    "qwen_1000": (150, 600, 250),
-}
+
+
+@dataclass(frozen=True)
+class TrainingSubset:
+    """A fixed training subset: how many tasks of each tier (``training_subset``'s rule picks which).
+    The named ones (``published_1000``, ``qwen_1000``) are ``tasks.subsets`` in ``conf/tasks/``."""
+
+    name: str
+    easy: int = 0
+    medium: int = 0
+    hard: int = 0
+
 
 __all__ = [
     "ANSWER_FILE",
@@ -60,6 +67,7 @@ __all__ = [
     "load_tasks",
     "load_training_subset",
     "materialize_inputs",
+    "TrainingSubset",
     "training_subset",
 ]
 
@@ -102,20 +110,18 @@ def load_tasks(
     filters: TaskFilter | None = None,
     layout: str | None = None,
     seed: int = DEMO_SEED,
-    subset: str | None = None,
+    subset: TrainingSubset | None = None,
 ) -> list[Task]:
     """Load a task set: "demo" (offline, generated from `seed` into the cache unless `path` points at
     a generated copy) or "smoldataenvs" (local `path` in Harbor or row layout, else the Hub).
 
-    ``subset`` ("published_1000": 400 medium + 600 hard; "qwen_1000": 150 easy + 600 medium + 250 hard;
-    train split only) selects `training_subset` in its fixed order.
+    ``subset`` (train split only; e.g. ``published_1000``: 400 medium + 600 hard, from
+    ``conf/tasks/smoldataenvs.yaml``) selects `training_subset` in its fixed order.
     Then filters apply, then `limit`; otherwise the order is the source's (task id order for
     Harbor layouts).
     """
-    if subset is not None and subset not in SUBSETS:
-        raise TaskError(f"unknown subset {subset!r}; choose one of {sorted(SUBSETS)} or null")
     if subset is not None and split != "train":
-        raise TaskError(f"subset={subset!r} is a training subset; it needs split='train', not {split!r}")
+        raise TaskError(f"subset={subset.name!r} is a training subset; it needs split='train', not {split!r}")
     if name not in TASK_SETS:
         raise TaskError(
             f"unknown task set {name!r}; choose one of {TASK_SETS} (tasks=demo, tasks=mini or tasks=smoldataenvs)"
@@ -137,8 +143,7 @@ def load_tasks(
     else:
         tasks = load_hub(split=split, revision=revision, layout=layout or "harbor")
     if subset is not None:
-        n_easy, n_medium, n_hard = SUBSETS[subset]
-        tasks = training_subset(tasks, n_easy=n_easy, n_medium=n_medium, n_hard=n_hard)
+        tasks = training_subset(tasks, n_easy=subset.easy, n_medium=subset.medium, n_hard=subset.hard)
     if filters is not None:
         tasks = [t for t in tasks if filters.keep(t)]
     return tasks if limit is None else tasks[:limit]

@@ -19,7 +19,17 @@ import difflib
 import sys
 from pathlib import Path
 
-from fineenvs.tasks import DEMO_SEED, TASK_SETS, Task, TaskError, TaskFilter, generate_demo, grade, load_tasks
+from fineenvs.tasks import (
+    DEMO_SEED,
+    TASK_SETS,
+    Task,
+    TaskError,
+    TaskFilter,
+    TrainingSubset,
+    generate_demo,
+    grade,
+    load_tasks,
+)
 from fineenvs.tasks.harbor import read_harbor_task
 from fineenvs.tasks.smoldataenvs import TaskSetUnavailableError
 
@@ -46,7 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--revision", default=None, help="Hub revision (commit sha) to pin")
     source.add_argument("--layout", default=None, choices=("harbor", "rows"))
     source.add_argument("--seed", type=int, default=DEMO_SEED, help="demo set seed")
-    source.add_argument("--subset", default=None, help="published_1000: the fixed 400 medium + 600 hard")
+    source.add_argument(
+        "--subset",
+        default=None,
+        help="a training subset named in conf/tasks/<tasks>.yaml (published_1000: 400 medium + 600 hard)",
+    )
     parser = argparse.ArgumentParser(prog="python -m fineenvs.tasks", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     lister = sub.add_parser("list", parents=[source], help="list tasks")
@@ -75,8 +89,25 @@ def _source_tasks(args: argparse.Namespace, filters: TaskFilter | None = None) -
         seed=args.seed,
         filters=filters,
         limit=getattr(args, "limit", None),
-        subset=None if args.subset in (None, "null", "none") else args.subset,
+        subset=None if args.subset in (None, "null", "none") else _named_subset(args.tasks, args.subset),
     )
+
+
+def _named_subset(tasks: str, name: str) -> TrainingSubset:
+    """A training subset named in ``conf/tasks/<tasks>.yaml`` (``subsets``), where runs read it too."""
+    from omegaconf import OmegaConf
+
+    from fineenvs.paths import CONF_DIR
+
+    path = CONF_DIR / "tasks" / f"{tasks}.yaml"
+    conf = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+    subsets = (conf.get("subsets") if isinstance(conf, dict) else None) or {}
+    if name not in subsets:
+        raise TaskError(
+            f"unknown subset {name!r} of the {tasks} tasks; choose one of {sorted(subsets) or 'none'} "
+            f"({path} lists them) or null"
+        )
+    return TrainingSubset(name, **{k: int(v) for k, v in subsets[name].items()})
 
 
 def _find_task(args: argparse.Namespace) -> Task:

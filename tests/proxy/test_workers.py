@@ -20,7 +20,7 @@ import openai
 import pytest
 from processes import stop, wait_ok
 
-from fineenvs.bench.proxy import SAMPLED, child_pids, free_port, free_ports
+from fineenvs.bench.common import SAMPLED, child_pids, free_port, free_ports
 from fineenvs.proxy.sessions import shard_of
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.proxy.workers import settings_from_json, settings_to_json
@@ -57,7 +57,7 @@ def test_workers_setting_is_validated() -> None:
 @pytest.fixture
 def standin() -> Iterator[int]:
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "fineenvs.bench.proxy", "standin", "--port", str(port)])
+    proc = subprocess.Popen([PY, "-m", "fineenvs.bench.servers", "standin", "--port", str(port)])
     try:
         wait_ok(f"http://127.0.0.1:{port}/health")
         yield port

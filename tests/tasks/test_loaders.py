@@ -19,6 +19,7 @@ from fineenvs.tasks import (
     TaskError,
     TaskFilter,
     TaskSetUnavailableError,
+    TrainingSubset,
     grade_workdir,
     load_tasks,
     materialize_inputs,
@@ -318,15 +319,19 @@ def test_load_tasks_subset_option(tmp_path: Path) -> None:
         for i, tier in enumerate(["easy"] * 50 + ["medium"] * 450 + ["hard"] * 650)
     ]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tasks = load_tasks("smoldataenvs", path=tmp_path, subset="published_1000")
+    from fineenvs.tasks.__main__ import _named_subset
+
+    published = _named_subset("smoldataenvs", "published_1000")  # conf/tasks/smoldataenvs.yaml
+    assert published == TrainingSubset("published_1000", easy=0, medium=400, hard=600)
+    tasks = load_tasks("smoldataenvs", path=tmp_path, subset=published)
     assert len(tasks) == 1000 and [t.task_id for t in tasks] == [t.task_id for t in training_subset(tasks)]
     assert Counter(t.difficulty for t in tasks) == {"medium": 400, "hard": 600}
     with pytest.raises(TaskError, match="needs split='train'"):
-        load_tasks("smoldataenvs", path=tmp_path, split="test", subset="published_1000")
-    with pytest.raises(TaskError, match="unknown subset"):
-        load_tasks("smoldataenvs", path=tmp_path, subset="all")
+        load_tasks("smoldataenvs", path=tmp_path, split="test", subset=published)
+    with pytest.raises(TaskError, match="unknown subset 'all' of the smoldataenvs tasks"):
+        _named_subset("smoldataenvs", "all")
     with pytest.raises(TaskError, match="needs 400 medium tasks but the pool has 16"):
-        load_tasks("demo", subset="published_1000", path=_demo(tmp_path))
+        load_tasks("demo", subset=published, path=_demo(tmp_path))
 
 
 def _demo(tmp_path: Path) -> Path:
