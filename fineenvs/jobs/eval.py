@@ -64,7 +64,7 @@ from fineenvs.results import (
 )
 from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
-from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
 from fineenvs.trajectory import Row, RowOptions
 from fineenvs.trajectory.record import CallRecord
 
@@ -117,11 +117,8 @@ def _record(checkpoint: str, try_index: int, outcome: AttemptOutcome, step: int 
     )
 
 
-AttemptFn = Callable[[PlannedGroup, int, int], Any]
-
-
 async def run_cells(
-    runner: AttemptFn,
+    runner: AttemptRunner,
     *,
     checkpoint: str,
     task_ids: Sequence[str],
@@ -144,7 +141,7 @@ async def run_cells(
     for a in prior:
         if a.checkpoint == checkpoint:
             done[(a.task_id, a.harness)].append(a)
-    slots = asyncio.Semaphore(concurrency)
+    pool = AttemptPool(runner, concurrency)
     new: list[EvalAttempt] = []
 
     async def one_cell(index: int, task_id: str, harness: str) -> None:
@@ -155,11 +152,7 @@ async def run_cells(
         gid = f"t{index:05d}-{harness}"
         for n in range(start, start + infra_retries + 1):
             group = PlannedGroup(index, gid, 0, index, task_id, harness, (f"{gid}-try{n}",))
-            async with slots:
-                try:
-                    outcome = await runner(group, 0, policy_version)
-                except Exception as err:  # noqa: BLE001 - an infrastructure error is a value, retried
-                    outcome = AttemptOutcome.crashed(group, 0, policy_version, err)
+            outcome = await pool.attempt(group, 0, policy_version)  # a crash is a value, retried
             rec = _record(checkpoint, n, outcome, step)
             sink(rec)
             new.append(rec)

@@ -19,7 +19,7 @@ import json
 import shutil
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,10 @@ from fineenvs.jobs.runtime import Probe, job_runtime
 from fineenvs.jsonl import append_jsonl, read_jsonl
 from fineenvs.logging import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
-from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
 
 TEACHER_MANIFEST = "teacher_manifest.json"
 PAIRS_LOG = "teacher_pairs.jsonl"
-
-Runner = Callable[[PlannedGroup, int, int], Awaitable[AttemptOutcome]]
 
 
 def teacher_pairs(
@@ -88,7 +86,7 @@ class PairResult:
 
 async def collect_pairs(
     groups: Sequence[PlannedGroup],
-    runner: Runner,
+    runner: AttemptRunner,
     *,
     max_inflight: int,
     on_attempt: Callable[[AttemptOutcome], None] | None = None,
@@ -101,29 +99,23 @@ async def collect_pairs(
     the pair moves on to its next attempt. After ``max_consecutive_ungraded`` ungraded attempts in
     a row no new attempt starts and ``CollectionAborted`` is raised once the running ones end.
     """
-    if max_inflight < 1:
-        raise ValueError("max_inflight must be >= 1")
-    slots = asyncio.Semaphore(max_inflight)
+    pool = AttemptPool(runner, max_inflight)
     ungraded_run = [0]
     exits: Counter[str] = Counter()
 
     async def one(group: PlannedGroup) -> PairResult:
         result = PairResult(group)
-        async with slots:
-            for index in range(len(group.attempt_ids)):
-                if max_consecutive_ungraded is not None and ungraded_run[0] >= max_consecutive_ungraded:
-                    break
-                try:
-                    outcome = await runner(group, index, 0)
-                except Exception as err:  # noqa: BLE001 - one broken attempt must not end the collection
-                    outcome = AttemptOutcome.crashed(group, index, 0, err)
-                result.attempts.append(outcome)
-                exits[outcome.exit_reason] += 1
-                ungraded_run[0] = ungraded_run[0] + 1 if outcome.reward is None else 0
-                if on_attempt is not None:
-                    on_attempt(outcome)
-                if is_correct(outcome):
-                    break
+        for index in range(len(group.attempt_ids)):
+            if max_consecutive_ungraded is not None and ungraded_run[0] >= max_consecutive_ungraded:
+                break
+            outcome = await pool.attempt(group, index, 0)
+            result.attempts.append(outcome)
+            exits[outcome.exit_reason] += 1
+            ungraded_run[0] = ungraded_run[0] + 1 if outcome.reward is None else 0
+            if on_attempt is not None:
+                on_attempt(outcome)
+            if is_correct(outcome):
+                break
         if on_pair is not None:
             on_pair(result)
         return result

@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.trajectory.rows import Row
@@ -100,10 +99,8 @@ class GroupOutcome:
         return "all_zero" if rewards[0] == 0.0 else "all_equal"
 
 
-class AttemptRunner(Protocol):
-    async def __call__(
-        self, group: PlannedGroup, attempt_index: int, policy_version: int
-    ) -> AttemptOutcome: ...
+AttemptRunner = Callable[[PlannedGroup, int, int], Awaitable["AttemptOutcome"]]
+"""``(group, attempt_index, policy_version) -> outcome``: runs one attempt (``ProxyAttemptRunner``)."""
 
 
 class ScheduleMismatch(RuntimeError):
@@ -148,6 +145,53 @@ class RolloutState:
         return cls(data["schedule_hash"], list(data["consumed"]), dict(data.get("counters", {})))
 
 
+class AttemptPool:
+    """The one place attempts run, for every job: at most ``max_inflight`` at a time, and a runner
+    that raises gives an ungraded ``crashed`` outcome instead of an exception.
+
+    The RL scheduler (groups in schedule order), teacher collection (a pair's attempts in turn until
+    one is correct) and evaluation (a cell's tries until one is graded) differ only in which attempt
+    they ask for next; they all run it here. ``take()`` waits for a slot (callers that must keep an
+    order take it before creating the task); ``run()`` runs in a taken slot and gives it back.
+    """
+
+    def __init__(self, runner: AttemptRunner, max_inflight: int) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1 (got {max_inflight})")
+        self.runner = runner
+        self.max_inflight = max_inflight
+        self._slots = asyncio.Semaphore(max_inflight)
+        self.inflight = 0
+        self.peak_inflight = 0
+
+    async def take(self) -> None:
+        await self._slots.acquire()
+
+    async def run(
+        self, group: PlannedGroup, index: int, policy_version: int | Callable[[], int]
+    ) -> AttemptOutcome:
+        """Attempt ``index`` of ``group`` in a slot taken with ``take()`` (released here, always).
+        ``policy_version`` may be a callable, read when the attempt starts."""
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        try:
+            version = policy_version() if callable(policy_version) else policy_version
+            try:
+                return await self.runner(group, index, version)
+            except Exception as err:  # noqa: BLE001 - a runner bug must not end the job: it is a value
+                return AttemptOutcome.crashed(group, index, version, err)
+        finally:
+            self.inflight -= 1
+            self._slots.release()
+
+    async def attempt(
+        self, group: PlannedGroup, index: int, policy_version: int | Callable[[], int]
+    ) -> AttemptOutcome:
+        """``take()`` then ``run()``."""
+        await self.take()
+        return await self.run(group, index, policy_version)
+
+
 class RolloutScheduler:
     def __init__(
         self,
@@ -166,9 +210,16 @@ class RolloutScheduler:
         self.max_inflight = max_inflight
         self.policy_version = policy_version
         self.skip = set(skip or ())
-        self.inflight = 0
-        self.peak_inflight = 0
+        self.pool = AttemptPool(runner, max_inflight)
         self._ready: asyncio.Queue[GroupOutcome | None] = asyncio.Queue(maxsize=max(1, max_ready_groups))
+
+    @property
+    def inflight(self) -> int:
+        return self.pool.inflight
+
+    @property
+    def peak_inflight(self) -> int:
+        return self.pool.peak_inflight
 
     @property
     def pending(self) -> list[PlannedGroup]:
@@ -193,21 +244,7 @@ class RolloutScheduler:
                     pass
 
     async def _produce(self) -> None:
-        slots = asyncio.Semaphore(self.max_inflight)
         group_tasks: list[asyncio.Task[None]] = []
-
-        async def one_attempt(group: PlannedGroup, index: int) -> AttemptOutcome:
-            try:
-                self.inflight += 1
-                self.peak_inflight = max(self.peak_inflight, self.inflight)
-                version = self.policy_version()
-                try:
-                    return await self.runner(group, index, version)
-                except Exception as err:  # noqa: BLE001 - a runner bug must not kill the run: it is a value
-                    return AttemptOutcome.crashed(group, index, version, err)
-            finally:
-                self.inflight -= 1
-                slots.release()
 
         async def run_group(group: PlannedGroup, started: list[asyncio.Task[AttemptOutcome]]) -> None:
             outcomes = list(await asyncio.gather(*started))
@@ -218,8 +255,8 @@ class RolloutScheduler:
             for group in self.pending:
                 started = []
                 for index in range(len(group.attempt_ids)):
-                    await slots.acquire()
-                    started.append(asyncio.create_task(one_attempt(group, index)))
+                    await self.pool.take()  # in schedule order: the slot before the task
+                    started.append(asyncio.create_task(self.pool.run(group, index, self.policy_version)))
                     attempt_tasks.append(started[-1])
                 group_tasks.append(asyncio.create_task(run_group(group, started)))
             await asyncio.gather(*group_tasks)

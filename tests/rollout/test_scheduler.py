@@ -10,6 +10,7 @@ import pytest
 from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import (
     AttemptOutcome,
+    AttemptPool,
     RolloutScheduler,
     RolloutState,
     ScheduleMismatch,
@@ -172,3 +173,38 @@ def test_leaving_early_stops_every_attempt_even_with_a_full_ready_queue() -> Non
         return seen
 
     assert asyncio.run(asyncio.wait_for(main(), timeout=10)) == 2
+
+
+def test_attempt_pool_bounds_every_job_and_turns_crashes_into_outcomes() -> None:
+    """The pool the scheduler, teacher collection and evaluation share: never more than its bound
+    in flight, a raising runner is an ungraded ``crashed`` outcome, the version is read at start."""
+    running, seen = [0], [0]
+
+    async def runner(group: PlannedGroup, index: int, version: int) -> AttemptOutcome:
+        running[0] += 1
+        seen[0] = max(seen[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+        if index == 1:
+            raise RuntimeError("agent CLI vanished")
+        return AttemptOutcome(
+            group.attempt_ids[index], group.group_id, group.task_id, group.harness, version, 1.0
+        )
+
+    group = PlannedGroup(0, "g0", 0, 0, "t0", "pi", ("a0", "a1", "a2"))
+    pool = AttemptPool(runner, 2)
+    versions = iter(range(10, 100))
+
+    async def main() -> list[AttemptOutcome]:
+        return list(
+            await asyncio.gather(*(pool.attempt(group, i % 3, lambda: next(versions)) for i in range(9)))
+        )
+
+    outcomes = asyncio.run(main())
+    assert seen[0] == 2 and pool.peak_inflight == 2 and pool.inflight == 0
+    crashed = [o for o in outcomes if o.exit_reason == "crashed"]
+    assert len(crashed) == 3 and all(o.reward is None and o.attempt_id == "a1" for o in crashed)
+    assert crashed[0].error == "RuntimeError: agent CLI vanished"
+    assert sorted(o.policy_version for o in outcomes) == list(range(10, 19))
+    with pytest.raises(ValueError, match="max_inflight must be >= 1"):
+        AttemptPool(runner, 0)
