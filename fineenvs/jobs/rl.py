@@ -315,7 +315,9 @@ async def _run_rl(run: RunConfig) -> float:
 
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(lock.stop)
-        rt = await stack.enter_async_context(job_runtime(run, out, model_dir=model_dir, probe=Probe.require))
+        rt = await stack.enter_async_context(
+            job_runtime(run, out, model_dir=model_dir, probe=Probe.require, check=False)  # checked above
+        )
         engine = rt.engine
         pushing = sync is not WeightSyncKind.none
         if pushing and engine.weight_sync is None:
