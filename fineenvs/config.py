@@ -317,7 +317,7 @@ class SFTSpec:
     merge_turns: bool = False
     """job=sft: one example per rollout (its turns' contexts extend each other) instead of one per
     assistant turn (published): the same supervised tokens in the same contexts, each context
-    forwarded once; the loss mean is then per rollout, not per turn (fineenvs.train.sft.merge_turns)."""
+    forwarded once; the loss mean is then per rollout, not per turn (fineenvs.train.sft_trainer.merge_turns)."""
     save_steps: int = 50
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True

@@ -82,7 +82,7 @@ def sample_rows(
     import random
 
     from fineenvs.engine.generation import SamplingParams
-    from fineenvs.train.rows import TrainRow
+    from fineenvs.train.train_rows import TrainRow
 
     rng = random.Random(0)
     vocab = min(int(gen.model.get_input_embeddings().weight.shape[0]), 900)

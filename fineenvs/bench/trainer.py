@@ -54,7 +54,7 @@ from typing import Any
 
 import orjson
 
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 from fineenvs.trajectory import CallNode, RowOptions, build_session
 
 RECORDED_DIR = Path(__file__).resolve().parents[2] / "tests" / "trajectory" / "recorded"

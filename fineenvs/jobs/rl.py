@@ -440,7 +440,7 @@ def advantage_metrics(rows: list[Any], harness_of: dict[str, str]) -> dict[str, 
 
 def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
     """Every trainable row of every graded attempt, stamped with its attempt's advantage."""
-    from fineenvs.train.rows import TrainRow, group_advantages, reward_std
+    from fineenvs.train.train_rows import TrainRow, group_advantages, reward_std
 
     batch_std = reward_std([a.reward for g in groups for a in g.attempts]) if scale == "batch" else None
     rows = []

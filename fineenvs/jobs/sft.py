@@ -3,7 +3,7 @@
 SFT reads ``trainer.teacher_dir`` (the output directory of ``job=collect_teacher``,
 ``fineenvs.jobs.teacher``), keeps the sessions whose harness is in ``run.harness``
 (``sft_opencode``: OpenCode only; ``sft_multi``: all four), builds one example per assistant turn
-re-rendered with the student's chat template (``fineenvs.train.sft``), writes the dataset and its
+re-rendered with the student's chat template (``fineenvs.train.sft_trainer``), writes the dataset and its
 per-harness counts, and trains with TRL's ``SFTTrainer``; the final checkpoint lands in
 ``<output_dir>/checkpoints/step-<N>``.
 """
@@ -33,7 +33,7 @@ def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]
             "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
         )
     from fineenvs.proxy.store import CallStore
-    from fineenvs.train.sft import TeacherSession
+    from fineenvs.train.sft_trainer import TeacherSession
 
     manifest = json.loads(path.read_text(encoding="utf-8"))
     store_dir = Path(manifest["store_dir"])
@@ -104,7 +104,7 @@ def run_sft(run: RunConfig) -> float | None:
     from transformers import AutoTokenizer
 
     from fineenvs.logging import MetricLogger
-    from fineenvs.train.sft import (
+    from fineenvs.train.sft_trainer import (
         SFTSettings,
         StudentRenderer,
         build_sft_examples,

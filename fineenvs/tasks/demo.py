@@ -29,7 +29,7 @@ from typing import Any
 
 from fineenvs.tasks import demo_data as dd
 from fineenvs.tasks.harbor import write_harbor_task
-from fineenvs.tasks.rows import build_instruction
+from fineenvs.tasks.row_layout import build_instruction
 
 DEMO_SEED = 20260701
 DEMO_VERSION = 1

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.tasks.model import ANSWER_FILE, HiddenAnswer, Task, TaskError
-from fineenvs.tasks.rows import answer_type_for, difficulty_for, match_mode_for
+from fineenvs.tasks.row_layout import answer_type_for, difficulty_for, match_mode_for
 
 INPUT_DIRS = ("environment/inputs", "environment/setup_files/inputs", "setup_files/inputs")
 GOLD_KEYS = ("answer", "gold_answer", "expected_answer", "gold")

@@ -30,7 +30,7 @@ from typing import Any
 
 from fineenvs.tasks.demo import MANIFEST, ensure_generated, file_digests
 from fineenvs.tasks.harbor import write_harbor_task
-from fineenvs.tasks.rows import build_instruction
+from fineenvs.tasks.row_layout import build_instruction
 
 MINI_SEED = 20261201
 MINI_VERSION = 2

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fineenvs.tasks.harbor import is_harbor_dir, read_harbor_dir
 from fineenvs.tasks.model import Task, TaskError
-from fineenvs.tasks.rows import find_rows_file, read_rows, task_from_row
+from fineenvs.tasks.row_layout import find_rows_file, read_rows, task_from_row
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,6 @@
 Importing this package is cheap; torch and TRL load with ``fineenvs.train.grpo``.
 """
 
-from fineenvs.train.rows import TrainRow, group_advantages, reward_std
+from fineenvs.train.train_rows import TrainRow, group_advantages, reward_std
 
 __all__ = ["TrainRow", "group_advantages", "reward_std"]

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 
 def synthetic_rows(trainer: CapturedGRPOTrainer, seed: int, attempts: int, version: int) -> list[TrainRow]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 NORMALISATIONS: tuple[str, ...] = ("per_token", "per_attempt", "per_row", "loss_type")
 LOSS_TYPE_NORMALISATION = {

@@ -97,8 +97,8 @@ from fineenvs.train.batching import (
     token_weights,
 )
 from fineenvs.train.prefix_tree import Node, PrefixTree, build_tree
-from fineenvs.train.rows import TrainRow
 from fineenvs.train.shared import SharedForward, all_positions, trained_positions
+from fineenvs.train.train_rows import TrainRow
 from fineenvs.train.trl_compat import (
     CLIPPED_LOSS_TYPES,
     IMPORTANCE_SAMPLING,

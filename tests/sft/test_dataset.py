@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from fineenvs.engine.generation import Generator
 from fineenvs.engine.server import _prepare_messages
 from fineenvs.models import ensure_tiny_model
-from fineenvs.train.sft import (
+from fineenvs.train.sft_trainer import (
     RERENDER_REASON,
     SFTDataError,
     StudentRenderer,
@@ -188,7 +188,7 @@ def test_merged_turns_supervise_the_same_tokens_in_the_same_contexts(
 ) -> None:
     """merge_turns: each chain of extending contexts becomes one example whose supervised tokens,
     with their contexts, are exactly those of the per-turn examples; a break starts a new one."""
-    from fineenvs.train.sft import merge_turns
+    from fineenvs.train.sft_trainer import merge_turns
 
     name, tok = student
     per_turn = session_examples(_session(teacher_tok), StudentRenderer(tok), max_length=100_000)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 SampleRows = Callable[..., list[TrainRow]]
 _GENERATORS: dict[tuple[Path, int], object] = {}

@@ -11,7 +11,7 @@ from fineenvs.train.batching import (
     resolve_normalisation,
     token_weights,
 )
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 
 def mk(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 pytestmark = pytest.mark.slow
 

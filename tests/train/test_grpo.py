@@ -12,7 +12,7 @@ import torch
 
 from fineenvs.train.batching import token_weights
 from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 
 from .conftest import SampleRows
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fineenvs.train.rows import TrainRow, group_advantages, reward_std
+from fineenvs.train.train_rows import TrainRow, group_advantages, reward_std
 
 
 def row(**kw: object) -> TrainRow:

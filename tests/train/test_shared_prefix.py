@@ -30,8 +30,8 @@ import torch
 from fineenvs.bench.trainer import group_rows, load_recorded, synthetic_group
 from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
 from fineenvs.train.prefix_tree import build_tree
-from fineenvs.train.rows import TrainRow
 from fineenvs.train.shared import layer_kinds
+from fineenvs.train.train_rows import TrainRow
 
 MODELS = ("tiny_qwen", "tiny_lfm2", "tiny_qwen3_5")
 Grads = dict[str, torch.Tensor]

@@ -12,7 +12,7 @@ import torch
 
 from fineenvs.train import trl_compat
 from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
-from fineenvs.train.rows import TrainRow
+from fineenvs.train.train_rows import TrainRow
 from fineenvs.train.trl_compat import TrlInternalsMoved, check_trl_internals, importance_gate
 
 
