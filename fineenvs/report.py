@@ -21,6 +21,7 @@ from typing import Any
 import matplotlib
 
 from fineenvs.jsonl import read_jsonl
+from fineenvs.results import label
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -102,7 +103,7 @@ def _plot_matrix(results: dict[str, Any], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(harnesses), 1.2 + 0.6 * len(ckpts)), dpi=100)
     im = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(harnesses)), harnesses, rotation=30, ha="right")
-    ax.set_yticks(range(len(ckpts)), [Path(c).name or c for c in ckpts])
+    ax.set_yticks(range(len(ckpts)), [label(c) for c in ckpts])
     for i, row in enumerate(values):
         for j, v in enumerate(row):
             ax.text(j, i, "-" if v != v else f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)

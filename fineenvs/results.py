@@ -257,7 +257,11 @@ def eval_metrics(results: dict[str, Any], checkpoint: str) -> dict[str, float]:
 
 
 def label(checkpoint: str) -> str:
+    """A short, distinct name: ``<run>/step-N`` for ``<run>/checkpoints/step-N``, else the last two
+    path parts (``base`` and Hub ids stay as they are)."""
     p = Path(checkpoint)
+    if p.parent.name == "checkpoints" and p.parent.parent.name:
+        return f"{p.parent.parent.name}/{p.name}"
     return f"{p.parent.name}/{p.name}" if p.parent.name and len(p.parts) > 1 else checkpoint
 
 

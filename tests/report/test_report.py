@@ -102,3 +102,12 @@ def test_report_cli_writes_to_out(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (tmp_path / "plots" / "index.html").is_file() and (tmp_path / "plots" / "reward.png").is_file()
     assert not (run / "report").exists()
     assert str(tmp_path / "plots" / "index.html") in capsys.readouterr().out
+
+
+def test_checkpoint_labels_stay_distinct_across_runs() -> None:
+    from fineenvs.results import label
+
+    assert label("/o/rl_one/checkpoints/step-12") == "rl_one/step-12"
+    assert label("/o/rl_mix/checkpoints/step-12") == "rl_mix/step-12"
+    assert label("outputs/x/step-700") == "x/step-700"
+    assert label("base") == "base" and label("LiquidAI/LFM2.5-2.6B") == "LiquidAI/LFM2.5-2.6B"
