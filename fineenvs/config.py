@@ -275,6 +275,11 @@ class GRPOSpec:
     counted and left out of the batch, so every optimizer step has signal. Off (published): such
     groups train with advantage 0, and AdamW's momentum still moves the weights on a step whose
     gradient is all zero."""
+    dynamic_sampling_max_groups: int | None = None
+    """With ``dynamic_sampling``: after this many groups drawn for one step, train on the groups with
+    signal at hand even if their rows fall short of a full batch (DAPO's ``max_num_gen_batches``).
+    None: draw until the batch is full, which never ends once the policy always solves or always
+    fails every task (observed in the mini-reproduction after 8 steps)."""
     loss_type: str = "dapo"
     epsilon: float = 0.2
     epsilon_high: float | None = None
@@ -588,6 +593,11 @@ def _check_trainer(run: RunConfig) -> list[str]:
             )
         if t.max_steps < 1:
             out.append(f"trainer.max_steps must be >= 1 (got {t.max_steps}). Fix: trainer.max_steps=1000")
+        if t.dynamic_sampling_max_groups is not None and t.dynamic_sampling_max_groups < 1:
+            out.append(
+                f"trainer.dynamic_sampling_max_groups must be >= 1 or null (got {t.dynamic_sampling_max_groups}). "
+                "Fix: trainer.dynamic_sampling_max_groups=null"
+            )
         if t.save_steps < 1 or t.eval_steps < 1:
             out.append("trainer.save_steps and trainer.eval_steps must be >= 1. Fix: trainer.save_steps=50")
         elif t.eval_steps % t.save_steps != 0:

@@ -93,6 +93,7 @@ class LoopStats:
     stale_dropped: int = 0
     no_signal: int = 0  # groups whose rows all train with advantage 0 (any reason below)
     dropped_no_signal: int = 0  # of those, left out of the batch (trainer.dynamic_sampling)
+    short_steps: int = 0  # steps trained on fewer rows: trainer.dynamic_sampling_max_groups reached
     signal_kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     empty_groups: int = 0
     consecutive_empty: int = 0
@@ -176,7 +177,9 @@ class GroupAdmission:
     ``max_consecutive_empty`` such groups in a row abort the run. With ``drop_no_signal``
     (``trainer.dynamic_sampling``) groups whose graded rewards are all equal are left out too.
     Trainable groups wait until their rows reach ``rows_per_step``; ``offer`` then returns the
-    whole batch of groups.
+    whole batch of groups — or, with ``max_groups_per_step``, once that many groups were drawn for
+    the step and at least one has signal (a policy that always solves or always fails its tasks
+    would otherwise keep a step waiting forever).
     """
 
     def __init__(
@@ -188,8 +191,11 @@ class GroupAdmission:
         stats: LoopStats,
         state: RolloutState,
         drop_no_signal: bool = False,
+        max_groups_per_step: int | None = None,
     ) -> None:
         self.drop_no_signal = drop_no_signal
+        self.max_groups_per_step = max_groups_per_step
+        self.drawn = 0  # groups offered since the last batch
         # Per harness, the groups left out since the last batch (logged with that step).
         self.dropped: Counter[str] = Counter()
         self.max_staleness = max_staleness
@@ -202,6 +208,7 @@ class GroupAdmission:
     def offer(self, group: GroupOutcome, policy_version: int) -> list[GroupOutcome] | None:
         stats = self.stats
         stats.groups += 1
+        self.drawn += 1
         stats.attempts += len(group.attempts)
         for a in group.attempts:
             stats.exit_reasons[a.exit_reason] += 1
@@ -233,11 +240,22 @@ class GroupAdmission:
             stats.dropped_no_signal += 1
             self.dropped[group.planned.harness] += 1
             self.state.mark(gid, "no_signal")
-            return None
+            return self._cut_short()
         self.pending.append(group)
         if sum(len(a.rows) for g in self.pending for a in g.graded) < self.rows_per_step:
+            return self._cut_short()
+        return self._release()
+
+    def _cut_short(self) -> list[GroupOutcome] | None:
+        """The batch so far, when the step has drawn its ``max_groups_per_step`` and has signal."""
+        if self.max_groups_per_step is None or self.drawn < self.max_groups_per_step or not self.pending:
             return None
+        self.stats.short_steps += 1
+        return self._release()
+
+    def _release(self) -> list[GroupOutcome]:
         batch, self.pending = self.pending, []
+        self.drawn = 0
         return batch
 
 
@@ -350,6 +368,7 @@ async def _run_rl(run: RunConfig) -> float:
             stats=stats,
             state=state,
             drop_no_signal=t.dynamic_sampling,
+            max_groups_per_step=t.dynamic_sampling_max_groups if t.dynamic_sampling else None,
         )
         display = ProgressDisplay(t.max_steps, started)
         try:
@@ -385,6 +404,7 @@ async def _run_rl(run: RunConfig) -> float:
                             "rollout/groups_stale_dropped": float(stats.stale_dropped),
                             "rollout/groups_no_signal": float(stats.no_signal),  # all so far
                             "rollout/groups_dropped_no_signal": float(stats.dropped_no_signal),
+                            "rollout/steps_cut_short": float(stats.short_steps),
                             "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
                             "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
                             "rollout/groups_empty": float(stats.empty_groups),
@@ -524,6 +544,7 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "groups_without_signal": stats.no_signal,
         "groups_by_signal": dict(stats.signal_kinds),
         "groups_dropped_without_signal": stats.dropped_no_signal,
+        "steps_cut_short": stats.short_steps,
         "groups_without_rows": stats.empty_groups,
         "weight_pushes": stats.weight_pushes,
         "attempt_exits": dict(stats.exit_reasons),

@@ -181,3 +181,29 @@ def test_dynamic_sampling_leaves_groups_without_signal_out_of_the_batch() -> Non
     batch = adm.offer(_correct_group(7, [0.0, 1.0]), policy_version=0)
     assert batch is not None and [g.planned.group_id for g in batch] == ["g6", "g7"]
     assert all(abs(r.advantage) > 0.5 for r in _stamp_rows(batch, "group"))
+
+
+def test_dynamic_sampling_step_is_cut_short_after_max_groups_with_signal_at_hand() -> None:
+    """A policy that always solves or always fails its tasks gives groups without signal forever:
+    with ``max_groups_per_step`` the step trains on the signal it has instead of waiting."""
+    stats = LoopStats()
+    adm = GroupAdmission(
+        max_staleness=4, rows_per_step=8, max_consecutive_empty=3, stats=stats, state=RolloutState("h"),
+        drop_no_signal=True, max_groups_per_step=5,
+    )  # fmt: skip
+    assert adm.offer(_group(0, [1.0, 0.0]), 0) is None  # 2 of 8 rows
+    for i in range(1, 4):
+        assert adm.offer(_group(i, [1.0, 1.0]), 0) is None  # all-correct: dropped, drawn 4
+    batch = adm.offer(_group(4, [0.0, 0.0]), 0)  # the 5th group drawn: cut short
+    assert batch is not None and [g.planned.group_id for g in batch] == ["g0"]
+    assert stats.short_steps == 1 and stats.dropped_no_signal == 4 and adm.pending == []
+    # The count restarts with the next step; without signal at hand it keeps drawing.
+    for i in range(5, 12):
+        assert adm.offer(_group(i, [1.0, 1.0]), 0) is None
+    assert stats.short_steps == 1
+    late = adm.offer(_group(12, [0.0, 1.0]), 0)  # the first group with signal ends the long step
+    assert late is not None and [g.planned.group_id for g in late] == ["g12"] and stats.short_steps == 2
+    uncapped = _admission(rows_per_step=8)
+    uncapped.drop_no_signal = True
+    assert uncapped.offer(_group(0, [1.0, 0.0]), 0) is None
+    assert all(uncapped.offer(_group(i, [1.0, 1.0]), 0) is None for i in range(1, 50))
