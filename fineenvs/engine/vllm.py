@@ -45,6 +45,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from fineenvs.proxy.settings import SamplingPolicy
+
+# The sampling every component enforces has one source (fineenvs.proxy.settings).
+_SAMPLING = SamplingPolicy()
+
 
 class ModelFamily(StrEnum):
     lfm2_5 = "lfm2_5"
@@ -126,10 +131,10 @@ class VLLMServeArgs:
     default_chat_template_kwargs: dict[str, Any] | None = field(
         default_factory=lambda: dict(DEFAULT_CHAT_TEMPLATE_KWARGS)
     )
-    temperature: float = 0.8
+    temperature: float = _SAMPLING.temperature
     """Training temperature, pinned server-side through --override-generation-config."""
-    top_p: float = 1.0
-    top_k: int = -1
+    top_p: float = _SAMPLING.top_p
+    top_k: int = _SAMPLING.top_k
     """-1 (or 0) disables top-k; emitted as -1 like the published command."""
     enforce_eager: bool = True
     enable_prefix_caching: bool = False
@@ -278,7 +283,7 @@ def published_serve_args(
     chat_template: Path | None = None,
     checkpoint: str | None = None,
     port: int = 8000,
-    temperature: float = 0.8,
+    temperature: float = _SAMPLING.temperature,
 ) -> VLLMServeArgs:
     """The published configuration for ``lfm``, ``qwen`` or ``teacher`` (training: DP 1 + NCCL sync;
     otherwise DP 2 as in the published evaluation). A ``checkpoint`` is served under the base name,
