@@ -411,6 +411,9 @@ class MiniReproSpec:
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
     rl_learning_rate: float = 3.0e-4
+    rl_max_groups_per_step: int | None = None
+    """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
+    drawn (None: when its batch is full, the setting runs C-E were measured with)."""
     group_size: int = 4
     eval_tasks: int | None = 18
     """Held-out eval-split tasks per harness in the final matrix (None: all 36)."""

@@ -60,6 +60,7 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
         "trainer.dynamic_sampling=true",  # steps only from groups with signal (see GRPOSpec)
+        f"trainer.dynamic_sampling_max_groups={'null' if m.rl_max_groups_per_step is None else m.rl_max_groups_per_step}",
         "trainer.per_device_batch_size=4",
         "trainer.gradient_accumulation_steps=2",
         "trainer.token_budget=32768",

@@ -57,6 +57,9 @@ def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
         "mini_repro.base_sees_mix=false",
         "mini_repro.base_epochs=2",
         "mini_repro.rl_steps=12",
+        # A step ends after 16 groups drawn: a policy that always solves or always fails its training
+        # tasks (seen after 8 steps) would otherwise keep a step drawing forever.
+        "mini_repro.rl_max_groups_per_step=16",
         "mini_repro.eval_every=100",  # no in-training evaluation: the matrix is the measure
         f"mini_repro.eval_tasks={EVAL_TASKS}",
     ]

@@ -65,6 +65,12 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
         assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0 and r.trainer.dynamic_sampling
         assert r.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1}
+        assert r.trainer.dynamic_sampling_max_groups is None  # runs C-E's setting
+    (capped,) = [
+        _load(*o, f"output_dir={tmp_path / 'cap'}")
+        for o in stage_commands(replace(run.mini_repro, rl_max_groups_per_step=16), tmp_path, ckpts)["rl_one"]
+    ]
+    assert capped.trainer.dynamic_sampling_max_groups == 16
     (s,) = runs["sft_mix"]
     assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks
     (e,) = runs["eval"]
