@@ -415,8 +415,13 @@ class MiniReproSpec:
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn (None: when its batch is full, the setting runs C-E were measured with)."""
     group_size: int = 4
+    rl_rows_per_step: int = 8
+    """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages: ``group_size`` 4 and 8
+    rows are runs C-E's setting; the learning test uses groups of 8 and 16 rows (two groups), which
+    lifted every template's training pass rate instead of trading one for another
+    (experiments/mini_repro/README.md, "CI"). A multiple of 4 (the per-device batch)."""
     eval_tasks: int | None = 18
-    """Held-out eval-split tasks per harness in the final matrix (None: all 36)."""
+    """Held-out eval-split tasks per harness in the final matrix (None: all 72)."""
     eval_every: int = 6
     """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
     eval_tasks_during_training: int = 12

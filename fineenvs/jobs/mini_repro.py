@@ -46,6 +46,9 @@ def _list(values: list[str]) -> str:
     return "[" + ",".join(values) + "]"
 
 
+_RL_BATCH = 4  # rows per forward/backward pass of the RL stages
+
+
 def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[str]:
     return [
         "job=rl",
@@ -59,10 +62,11 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"trainer.eval_steps={m.eval_every}",
         f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
+        f"scheduler.max_inflight={max(4, m.group_size)}",  # a whole group runs at once
         "trainer.dynamic_sampling=true",  # steps only from groups with signal (see GRPOSpec)
         f"trainer.dynamic_sampling_max_groups={'null' if m.rl_max_groups_per_step is None else m.rl_max_groups_per_step}",
-        "trainer.per_device_batch_size=4",
-        "trainer.gradient_accumulation_steps=2",
+        f"trainer.per_device_batch_size={_RL_BATCH}",
+        f"trainer.gradient_accumulation_steps={m.rl_rows_per_step // _RL_BATCH}",
         "trainer.token_budget=32768",
         "trainer.dtype=float32",
         "trainer.gradient_checkpointing=false",
@@ -198,6 +202,11 @@ def run_mini_repro(run: RunConfig) -> float | None:
     if unknown or not m.stages:
         raise ValueError(
             f"mini_repro.stages has {unknown or 'nothing'}; choose from {list(STAGES)} (in order)"
+        )
+    if m.rl_rows_per_step < _RL_BATCH or m.rl_rows_per_step % _RL_BATCH:
+        raise ValueError(
+            f"mini_repro.rl_rows_per_step={m.rl_rows_per_step}: the RL stages train {_RL_BATCH} rows per "
+            f"pass and accumulate whole passes into a step. Fix: a multiple of {_RL_BATCH}, e.g. 8 or 16"
         )
     if m.base_harness not in m.harnesses:
         raise ValueError(

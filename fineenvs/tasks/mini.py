@@ -17,7 +17,8 @@ Splits share the templates and nothing else: file names, column names and every 
 from disjoint pools per split (train, test, eval), so an answer, a file or a column seen in
 training never appears in evaluation. Gold answers are integers computed from the generated rows
 (``tests/tasks/test_mini.py`` recomputes them from the CSV text). Generation is pure; the set is
-generated once into the cache like the demo set, under ``tasks=mini``.
+generated once into the cache like the demo set, under ``tasks=mini``. Sizes: 216 train, 24 test,
+72 eval (two blocks of 36; the first is the eval split of the runs before the second was added).
 """
 
 from __future__ import annotations
@@ -36,18 +37,31 @@ MINI_SEED = 20261201
 MINI_VERSION = 2
 VALUE_COLUMN = 2  # the CSV column every sum/max question is about
 TEMPLATES = ("rows", "sum", "max")
-SPLIT_SIZES = {"train": 216, "test": 24, "eval": 36}
+# The eval split in blocks: block 0 is the 36 tasks every run up to 2026-12-02 was evaluated on
+# (unchanged: same random stream, same pools); block 1 adds 36 more from pools of its own, so that a
+# paired comparison of two checkpoints has 72 held-out tasks (the learning test's criterion).
+_BLOCKS = {"train": (216,), "test": (24,), "eval": (36, 36)}
+SPLIT_SIZES = {split: sum(sizes) for split, sizes in _BLOCKS.items()}
 
 # Disjoint per split: what the student sees in training is never what it is evaluated on.
+# Per split, one pool per block.
 _STEMS = {
-    "train": "orders trips plants books cars songs games birds boats cakes coins dogs farms films hills lamps".split(),
-    "test": "maps pens rocks shoes tools trees".split(),
-    "eval": "vans wines clocks ships bikes kites ropes tents".split(),
+    "train": [
+        "orders trips plants books cars songs games birds boats cakes coins dogs farms films hills lamps".split()
+    ],
+    "test": ["maps pens rocks shoes tools trees".split()],
+    "eval": [
+        "vans wines clocks ships bikes kites ropes tents".split(),
+        "jars mugs bells drums forks harps nets vases".split(),
+    ],
 }
 _COLUMNS = {
-    "train": "price weight score height width depth speed count age size rank level".split(),
-    "test": "power value cost length".split(),
-    "eval": "volume rating budget distance mass grade".split(),
+    "train": ["price weight score height width depth speed count age size rank level".split()],
+    "test": ["power value cost length".split()],
+    "eval": [
+        "volume rating budget distance mass grade".split(),
+        "energy margin duration load pressure income".split(),
+    ],
 }
 # Values and row counts per split come from disjoint ranges, so that no held-out answer (a count,
 # a sum or a maximum) is ever a training answer.
@@ -82,25 +96,38 @@ def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
     """The tasks of one split (a pure function of split and seed), templates in rotation."""
     if split not in SPLIT_SIZES:
         raise ValueError(f"unknown mini split {split!r}; choose one of {sorted(SPLIT_SIZES)}")
-    rng = random.Random(f"fineenvs-mini-{MINI_VERSION}-{seed}-{split}")
+    specs: list[MiniSpec] = []
+    for block, size in enumerate(_BLOCKS[split]):
+        # Block 0's stream is named as before blocks existed, so its tasks are what they were.
+        name = f"fineenvs-mini-{MINI_VERSION}-{seed}-{split}" + (f"-block{block}" if block else "")
+        specs += _block_specs(
+            split, random.Random(name), _STEMS[split][block], _COLUMNS[split][block], size, len(specs)
+        )
+    return specs
+
+
+def _block_specs(
+    split: str, rng: random.Random, stems: list[str], columns: list[str], size: int, first: int
+) -> list[MiniSpec]:
     lo, hi = _VALUE_RANGES[split]
     specs: list[MiniSpec] = []
     seen: set[tuple[str, str, int]] = set()
     rejected = 0
-    while len(specs) < SPLIT_SIZES[split]:
-        template = TEMPLATES[len(specs) % len(TEMPLATES)]
-        stem = rng.choice(_STEMS[split])
-        names = ["id", rng.choice(_COLUMNS[split])]
+    while len(specs) < size:
+        number = first + len(specs)
+        template = TEMPLATES[number % len(TEMPLATES)]
+        stem = rng.choice(stems)
+        names = ["id", rng.choice(columns)]
         index = VALUE_COLUMN
         key = (stem, names[index - 1], index)
         if template != "rows" and key in seen:
             rejected += 1
             if rejected > 100_000:  # every (file, column) pair is taken: no new task can be drawn
                 raise ValueError(
-                    f"the mini {split} split cannot have {SPLIT_SIZES[split]} tasks: its pools have "
-                    f"{len(_STEMS[split])} file stems x {len(_COLUMNS[split])} columns, and each sum/max "
+                    f"the mini {split} split cannot have {size} tasks in a block: its pools have "
+                    f"{len(stems)} file stems x {len(columns)} columns, and each sum/max "
                     "question needs a (file, column) pair of its own. Fix: add names to the pools "
-                    "(a new MINI_VERSION) or ask for fewer tasks"
+                    "(a new MINI_VERSION or a new block) or ask for fewer tasks"
                 )
             continue
         seen.add(key)
@@ -116,7 +143,7 @@ def split_specs(split: str, seed: int = MINI_SEED) -> list[MiniSpec]:
             question = f"What is the largest value in the {column} column (column {index}) of {file}?"
         specs.append(
             MiniSpec(
-                task_id=f"mini-{split}-{len(specs):03d}-{template}",
+                task_id=f"mini-{split}-{number:03d}-{template}",
                 template=template,
                 file=file,
                 columns=tuple(names),

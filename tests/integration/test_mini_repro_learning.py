@@ -37,7 +37,7 @@ from fineenvs.results import sign_test_p
 # the 3 runs that finished (experiments/mini_repro/README.md, "CI").
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
 
-EVAL_TASKS = 36
+EVAL_TASKS = 72  # the whole eval split: two blocks of 36 (fineenvs/tasks/mini.py)
 ALPHA = 0.05
 
 
@@ -59,9 +59,14 @@ def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
         "mini_repro.base_sees_mix=false",
         "mini_repro.base_epochs=2",
         "mini_repro.rl_steps=12",
-        # A step ends after 16 groups drawn: a policy that always solves or always fails its training
+        # Groups of 8 and 16 rows (two groups) per step: with 4 and 8, the few groups with signal in a
+        # step came from one template and RL traded templates against each other (a sum gained, a
+        # max lost); with 8 and 16 every template's training pass rate rose.
+        "mini_repro.group_size=8",
+        "mini_repro.rl_rows_per_step=16",
+        # A step ends after 12 groups drawn: a policy that always solves or always fails its training
         # tasks (seen after 8 steps) would otherwise keep a step drawing forever.
-        "mini_repro.rl_max_groups_per_step=16",
+        "mini_repro.rl_max_groups_per_step=12",
         "mini_repro.eval_every=100",  # no in-training evaluation: the matrix is the measure
         f"mini_repro.eval_tasks={EVAL_TASKS}",
     ]

@@ -71,6 +71,19 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         for o in stage_commands(replace(run.mini_repro, rl_max_groups_per_step=16), tmp_path, ckpts)["rl_one"]
     ]
     assert capped.trainer.dynamic_sampling_max_groups == 16
+    # The learning test's RL: groups of 8 (all of a group in flight at once), 16 rows per step.
+    assert (
+        r.scheduler.group_size == 4
+        and r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 8
+    )
+    (wide,) = [
+        _load(*o, f"output_dir={tmp_path / 'wide'}")
+        for o in stage_commands(replace(run.mini_repro, group_size=8, rl_rows_per_step=16), tmp_path, ckpts)[
+            "rl_one"
+        ]
+    ]
+    assert wide.scheduler.group_size == 8 and wide.scheduler.max_inflight == 8
+    assert wide.trainer.per_device_batch_size * wide.trainer.gradient_accumulation_steps == 16
     (s,) = runs["sft_mix"]
     assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks
     (e,) = runs["eval"]
@@ -85,6 +98,15 @@ def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
         _load("job=eval", "engine.policy=oracle")
     with pytest.raises(ConfigError, match="max_rollouts_per_harness must be >= 1"):
         _load("job=sft", "trainer=sft", "trainer.max_rollouts_per_harness=0")
+
+
+def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
+    from fineenvs.jobs.mini_repro import run_mini_repro
+
+    run = _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
+    with pytest.raises(ValueError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
+        run_mini_repro(run)
+    assert not (tmp_path / "teacher").exists()  # refused before any stage ran
 
 
 def test_wilson_interval_and_table(tmp_path: Path) -> None:
