@@ -417,8 +417,8 @@ class MiniReproSpec:
     group_size: int = 4
     rl_rows_per_step: int = 8
     """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages: ``group_size`` 4 and 8
-    rows are runs C-E's setting; the learning test uses groups of 8 and 16 rows (two groups), which
-    lifted every template's training pass rate instead of trading one for another
+    rows are runs C-E's setting; the learning test uses groups of 8 and 16 rows (two groups), with
+    which RL stopped trading one question template for another and passed three runs in a row
     (experiments/mini_repro/README.md, "CI"). A multiple of 4 (the per-device batch)."""
     eval_tasks: int | None = 18
     """Held-out eval-split tasks per harness in the final matrix (None: all 72)."""

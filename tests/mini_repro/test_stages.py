@@ -71,7 +71,8 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         for o in stage_commands(replace(run.mini_repro, rl_max_groups_per_step=16), tmp_path, ckpts)["rl_one"]
     ]
     assert capped.trainer.dynamic_sampling_max_groups == 16
-    # The learning test's RL: groups of 8 (all of a group in flight at once), 16 rows per step.
+    # Runs C-E's RL: groups of 4, 8 rows per step; the learning test's: groups of 8 (all of a group in
+    # flight at once), 16 rows per step.
     assert (
         r.scheduler.group_size == 4
         and r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 8
