@@ -80,6 +80,7 @@ class ApiFormat(enum.Enum):
 class HarnessSelection(enum.Enum):
     rotation = "rotation"  # published: harnesses[(task_index + pass) % n]
     weighted = "weighted"  # deterministic weighted draw from the mix weights
+    shuffled = "shuffled"  # each block of n groups: every harness once, in a seeded order
 
 
 class SandboxKind(enum.Enum):
@@ -411,17 +412,19 @@ class MiniReproSpec:
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
     rl_learning_rate: float = 3.0e-4
-    rl_max_groups_per_step: int | None = None
+    rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
-    drawn (None: when its batch is full, the setting runs C-E were measured with)."""
-    group_size: int = 4
-    rl_rows_per_step: int = 8
-    """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages: ``group_size`` 4 and 8
-    rows are runs C-E's setting; the learning test uses groups of 8 and 16 rows (two groups), with
-    which RL stopped trading one question template for another and passed three runs in a row
+    drawn, with the signal groups it has (None: only when its batch is full; runs C-E's setting,
+    with which a base that never solves a template can stall a step for good)."""
+    group_size: int = 8
+    rl_rows_per_step: int = 16
+    """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages. Groups of 8 and 16 rows
+    (two Pi groups a step): with them RL stopped trading one question template for another, and the
+    learning test passed three runs in a row; runs C-E used groups of 4 and 8 rows
     (experiments/mini_repro/README.md, "CI"). A multiple of 4 (the per-device batch)."""
-    eval_tasks: int | None = 18
-    """Held-out eval-split tasks per harness in the final matrix (None: all 72)."""
+    eval_tasks: int | None = 36
+    """Held-out eval-split tasks per harness in the final matrix (None: all 72). Runs C-E used 18
+    (run E) or 36; on 18, run F's RL gain in Pi (9 won / 2 lost on 36) was lost in the noise."""
     eval_every: int = 6
     """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
     eval_tasks_during_training: int = 12

@@ -63,6 +63,9 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
         f"scheduler.max_inflight={max(4, m.group_size)}",  # a whole group runs at once
+        # Not the published rotation: the train split cycles its three templates, so rotating three
+        # harnesses gave Pi only rows questions, Mini-SWE-Agent only sum, OpenCode only max (run F).
+        "scheduler.harness_selection=shuffled",
         "trainer.dynamic_sampling=true",  # steps only from groups with signal (see GRPOSpec)
         f"trainer.dynamic_sampling_max_groups={'null' if m.rl_max_groups_per_step is None else m.rl_max_groups_per_step}",
         f"trainer.per_device_batch_size={_RL_BATCH}",

@@ -2,8 +2,12 @@
 
 Passes go over the task list in its fixed order; each task becomes one group of ``group_size``
 attempts that all use the same harness (the advantage then compares actions, not harnesses). The
-harness of group ``i`` in pass ``p`` is the published rotation ``harnesses[(i + p) % n]``, or a
-deterministic weighted draw seeded by ``(seed, p, i)``. Ids are stable strings derived from the
+harness of group ``i`` in pass ``p`` is the published rotation ``harnesses[(i + p) % n]``, a
+deterministic weighted draw seeded by ``(seed, p, i)``, or ``shuffled``: every block of ``n``
+consecutive groups has each harness once, in an order seeded by ``(seed, p, block)``. The rotation
+ties a harness to the task index mod ``n``, so a task list that repeats a pattern with a period
+sharing a factor with ``n`` (the mini tasks cycle three question templates) gives each harness one
+kind of task only; ``shuffled`` keeps the rotation's balance without that. Ids are stable strings derived from the
 position (``p0-t0003-opencode``), so a resumed run can tell which groups it already trained on;
 ``schedule_hash`` fingerprints the whole schedule and a resume with a different one is refused.
 """
@@ -60,14 +64,17 @@ def build_schedule(
         )
     if len(set(task_ids)) != len(task_ids):
         raise ValueError("task ids must be unique within a schedule")
-    if selection not in ("rotation", "weighted"):
-        raise ValueError(f"harness selection must be rotation or weighted (got {selection!r})")
+    if selection not in ("rotation", "weighted", "shuffled"):
+        raise ValueError(f"harness selection must be rotation, weighted or shuffled (got {selection!r})")
     groups: list[PlannedGroup] = []
     n = len(mix.names)
     for p in range(passes):
         for i, task_id in enumerate(task_ids):
             if selection == "rotation":
                 harness = mix.names[(i + p) % n]
+            elif selection == "shuffled":
+                order = random.Random(f"{seed}:{p}:block{i // n}").sample(mix.names, n)
+                harness = order[i % n]
             else:
                 rng = random.Random(f"{seed}:{p}:{i}")
                 harness = rng.choices(mix.names, weights=mix.weights, k=1)[0]

@@ -13,6 +13,7 @@ from fineenvs.config import (
     ConfigError,
     EngineKind,
     GRPOSpec,
+    HarnessSelection,
     Job,
     ModelSource,
     RunConfig,
@@ -65,26 +66,23 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
         assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0 and r.trainer.dynamic_sampling
         assert r.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1}
-        assert r.trainer.dynamic_sampling_max_groups is None  # runs C-E's setting
-    (capped,) = [
-        _load(*o, f"output_dir={tmp_path / 'cap'}")
-        for o in stage_commands(replace(run.mini_repro, rl_max_groups_per_step=16), tmp_path, ckpts)["rl_one"]
+        # The learning test's RL (run F): groups of 8, all in flight at once, 16 rows per step, a
+        # step ends after 12 groups drawn.
+        assert r.trainer.dynamic_sampling_max_groups == 12
+        assert r.scheduler.harness_selection is HarnessSelection.shuffled  # not tied to the templates
+        assert r.scheduler.group_size == 8 and r.scheduler.max_inflight == 8
+        assert r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 16
+    (old,) = [  # runs C-E's setting: groups of 4, 8 rows per step, no cap
+        _load(*o, f"output_dir={tmp_path / 'old'}")
+        for o in stage_commands(
+            replace(run.mini_repro, group_size=4, rl_rows_per_step=8, rl_max_groups_per_step=None),
+            tmp_path,
+            ckpts,
+        )["rl_one"]
     ]
-    assert capped.trainer.dynamic_sampling_max_groups == 16
-    # Runs C-E's RL: groups of 4, 8 rows per step; the learning test's: groups of 8 (all of a group in
-    # flight at once), 16 rows per step.
-    assert (
-        r.scheduler.group_size == 4
-        and r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 8
-    )
-    (wide,) = [
-        _load(*o, f"output_dir={tmp_path / 'wide'}")
-        for o in stage_commands(replace(run.mini_repro, group_size=8, rl_rows_per_step=16), tmp_path, ckpts)[
-            "rl_one"
-        ]
-    ]
-    assert wide.scheduler.group_size == 8 and wide.scheduler.max_inflight == 8
-    assert wide.trainer.per_device_batch_size * wide.trainer.gradient_accumulation_steps == 16
+    assert old.trainer.dynamic_sampling_max_groups is None
+    assert old.scheduler.group_size == 4 and old.scheduler.max_inflight == 4
+    assert old.trainer.per_device_batch_size * old.trainer.gradient_accumulation_steps == 8
     (s,) = runs["sft_mix"]
     assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks
     (e,) = runs["eval"]

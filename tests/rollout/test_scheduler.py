@@ -50,6 +50,26 @@ def test_weighted_mix_follows_weights() -> None:
     assert [g.harness for g in again] == [g.harness for g in groups]
 
 
+def test_shuffled_selection_balances_without_tying_harness_to_task_period() -> None:
+    # Tasks that cycle three templates (like tasks=mini's train split) under three harnesses: the
+    # rotation gives each harness one template only; shuffled gives each harness every template and
+    # still each harness exactly once per block of three groups.
+    mix = HarnessMix(("pi", "mini_swe_agent", "opencode"), (1.0, 1.0, 1.0))
+    tasks = [f"t{i:03d}-{('rows', 'sum', 'max')[i % 3]}" for i in range(48)]
+    rotation = build_schedule(tasks, mix, group_size=4, passes=1)
+    assert len({(g.harness, g.task_id[-3:]) for g in rotation}) == 3  # aliased: 3 of the 9 pairs
+    shuffled = build_schedule(tasks, mix, group_size=4, passes=2, selection="shuffled", seed=0)
+    first = [g for g in shuffled if g.pass_index == 0]
+    assert len({(g.harness, g.task_id[-3:]) for g in first}) == 9
+    for start in range(0, len(shuffled), 3):
+        assert sorted(g.harness for g in shuffled[start : start + 3]) == sorted(mix.names)
+    again = build_schedule(tasks, mix, group_size=4, passes=2, selection="shuffled", seed=0)
+    other = build_schedule(tasks, mix, group_size=4, passes=2, selection="shuffled", seed=1)
+    assert [g.harness for g in again] == [g.harness for g in shuffled]
+    assert [g.harness for g in other] != [g.harness for g in shuffled]
+    assert schedule_hash(other) != schedule_hash(shuffled)
+
+
 def test_bad_schedule_inputs() -> None:
     with pytest.raises(ValueError, match="empty"):
         build_schedule([], MIX, group_size=8, passes=1)
