@@ -229,8 +229,11 @@ def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:
 
 
 PARENT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+# Ctrl-C's default: a shell's background job (nohup make test &) starts with SIGINT ignored, and the
+# parent would inherit that and sleep through the signal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from fineenvs.engine.launcher import launched
 port, log = int(sys.argv[1]), Path(sys.argv[2])
 cmd = [sys.executable, {fake!r}, str(port), "serve"]
