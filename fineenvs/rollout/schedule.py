@@ -7,8 +7,9 @@ deterministic weighted draw seeded by ``(seed, p, i)``, or ``shuffled``: every b
 consecutive groups has each harness once, in an order seeded by ``(seed, p, block)``. The rotation
 ties a harness to the task index mod ``n``, so a task list that repeats a pattern with a period
 sharing a factor with ``n`` (the mini tasks cycle three question templates) gives each harness one
-kind of task only; ``shuffled`` keeps the rotation's balance without that. Ids are stable strings derived from the
-position (``p0-t0003-opencode``), so a resumed run can tell which groups it already trained on;
+kind of task only; ``shuffled`` keeps the rotation's balance without that. Ids are stable strings
+derived from the position (``p0-t0003-opencode``), so a resumed run can tell which groups it already
+trained on;
 ``schedule_hash`` fingerprints the whole schedule and a resume with a different one is refused.
 """
 
