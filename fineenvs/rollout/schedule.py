@@ -9,8 +9,8 @@ ties a harness to the task index mod ``n``, so a task list that repeats a patter
 sharing a factor with ``n`` (the mini tasks cycle three question templates) gives each harness one
 kind of task only; ``shuffled`` keeps the rotation's balance without that. Ids are stable strings
 derived from the position (``p0-t0003-opencode``), so a resumed run can tell which groups it already
-trained on;
-``schedule_hash`` fingerprints the whole schedule and a resume with a different one is refused.
+trained on; ``schedule_hash`` fingerprints the whole schedule and a resume with a different one is
+refused.
 """
 
 from __future__ import annotations
