@@ -12,7 +12,7 @@ help:
 	@echo "make test-harness real agent CLIs end to end through the proxy"
 	@echo "make test-vllm    vLLM 0.33's own parser, protocol models and NCCL trainer engine (CPU)"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
-	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (~19 min)"
+	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (25-40 min; not in CI)"
 	@echo "make check        ruff + mypy"
 	@echo "make bench        engine, proxy and tree benchmarks"
 
@@ -25,8 +25,10 @@ smoke: setup
 test: setup
 	$(PYTEST) -q
 
+# The harness tier's slow tests (every real agent CLI against a random tiny model) are marked slow
+# too; they run once, in test-harness.
 test-slow: setup
-	$(PYTEST) -q -m slow
+	$(PYTEST) -q -m "slow and not harness"
 
 test-harness: setup
 	$(PYTEST) -q -m harness

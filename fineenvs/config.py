@@ -423,7 +423,7 @@ class MiniReproSpec:
     learning test passed three runs in a row; runs C-E used groups of 4 and 8 rows
     (experiments/mini_repro/README.md, "CI"). A multiple of 4 (the per-device batch)."""
     eval_tasks: int | None = 36
-    """Held-out eval-split tasks per harness in the final matrix (None: all 72). Runs C-E used 18
+    """Held-out eval-split tasks per harness in the final matrix (None: all 216). Runs C-E used 18
     (run E) or 36; on 18, run F's RL gain in Pi (9 won / 2 lost on 36) was lost in the noise."""
     eval_every: int = 6
     """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""

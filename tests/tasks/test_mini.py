@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from fineenvs.engine.expert import solution_command
-from fineenvs.tasks import grade_workdir, load_tasks, materialize_inputs
+from fineenvs.tasks import grade_workdir, load_tasks, materialize_inputs, mini
 from fineenvs.tasks.mini import SPLIT_SIZES, generate_mini, split_specs
 
 # sha256 of the 36 eval tasks as generated before the split had blocks (MINI_VERSION 2).
 _FIRST_EVAL_BLOCK_SHA256 = "de4cb150b0838789aa1c865893f707c6a2457a96def7486925ac1a002b1deea6"
+# sha256 of the second block of 36 as generated when the split had two blocks (2026-12-03).
+_SECOND_EVAL_BLOCK_SHA256 = "8a97b93db760ee5c03cf407cd40107aabd1ceda01b7d5e4c2bfb2e138d32b891"
 
 
 def _recompute(spec_csv: str, question: str) -> str:
@@ -68,24 +70,30 @@ def test_the_experts_command_solves_every_task_and_is_graded_correct(tmp_path: P
 
 
 def test_a_split_larger_than_its_name_pools_is_refused_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fineenvs.tasks import mini
-
     monkeypatch.setitem(mini._BLOCKS, "eval", (72,))  # 8 stems x 6 columns cannot hold 48 sum/max tasks
     with pytest.raises(ValueError, match="cannot have 72 tasks in a block"):
         mini.split_specs("eval")
 
 
 def test_the_first_eval_block_is_the_eval_split_earlier_runs_used() -> None:
-    """The eval split grew from 36 to 72 tasks in a second block with pools of its own; the first 36
-    (what runs A-E and the learning test's earlier runs were measured on) must not change, or those
-    results would no longer describe the set. The digest is of the 36 tasks generated before."""
+    """The eval split grew from 36 tasks to 72 (a second block) and then 216 (six blocks), each
+    block with pools of its own; the first 36 (what runs A-G were measured on) and the first 72 (the
+    learning test's earlier runs) must not change, or those results would no longer describe the
+    set. The digests are of the tasks generated before each growth."""
     import hashlib
 
-    first = split_specs("eval")[:36]
-    text = "\n".join(f"{s.task_id}|{s.question}|{s.gold}|{s.csv_bytes().decode()}" for s in first)
-    assert hashlib.sha256(text.encode()).hexdigest() == _FIRST_EVAL_BLOCK_SHA256
-    second = split_specs("eval")[36:]
-    assert [s.task_id for s in second] == [
-        f"mini-eval-{i:03d}-{('rows', 'sum', 'max')[i % 3]}" for i in range(36, 72)
+    def digest(specs: list[mini.MiniSpec]) -> str:
+        text = "\n".join(f"{s.task_id}|{s.question}|{s.gold}|{s.csv_bytes().decode()}" for s in specs)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    tasks = split_specs("eval")
+    assert digest(tasks[:36]) == _FIRST_EVAL_BLOCK_SHA256
+    assert digest(tasks[36:72]) == _SECOND_EVAL_BLOCK_SHA256
+    assert [s.task_id for s in tasks] == [
+        f"mini-eval-{i:03d}-{('rows', 'sum', 'max')[i % 3]}" for i in range(216)
     ]
-    assert not {s.file for s in first} & {s.file for s in second}  # a block of its own
+    blocks = [tasks[i : i + 36] for i in range(0, 216, 36)]
+    for i, a in enumerate(blocks):  # every block has files and columns of its own
+        for b in blocks[i + 1 :]:
+            assert not {s.file for s in a} & {s.file for s in b}
+            assert not {s.columns[1] for s in a} & {s.columns[1] for s in b}
