@@ -20,12 +20,13 @@ recipe's 16 rows per step at lr 3e-4 RL's gain varied from run to run and someti
 question template for another (max falls while rows and sum rise): 7 of 9 runs passed, one failed in
 CI (+0.11 on 72 tasks, p = 0.076), one here (79 -> 82 of 216, max 14 -> 3). At 3e-4 the policy swung
 between steps (a template solved 8/8, then 0/8, then 7/8). With 24 rows per step (three groups, so a
-step usually sees every template) at lr 1e-4, five runs in a row passed, from four different bases,
+step usually sees every template) at lr 1e-4, six runs in a row passed, from five different bases,
 none losing more than 5 of a template's 72 tasks (the failure above lost 11): 79 -> 109, 83 -> 104,
 80 -> 113, 79 -> 115 of 216 (RL again from the bases of earlier runs, the one that had failed among
-them, twice) and 83 -> 125 from scratch, p from 0.005 to 1.6e-9; the weakest, 41 won / 20 lost,
-would still pass on 144 tasks (p = 0.015). The slower policy also stops the long tail of steps that
-draw group after group without signal (49-59 groups in 12 steps, against 91 at 3e-4).
+them, twice) and 83 -> 125 and 66 -> 102 from scratch (the latter this test, alone in 1,853 s), p
+from 0.005 to 1.6e-9; the weakest, 41 won / 20 lost, would still pass on 144 tasks (p = 0.015). The
+slower policy also stops the long tail of steps that draw group after group without signal (49-59
+groups in 12 steps, against 91 at 3e-4).
 """
 
 from __future__ import annotations
