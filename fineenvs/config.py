@@ -281,6 +281,12 @@ class GRPOSpec:
     signal at hand even if their rows fall short of a full batch (DAPO's ``max_num_gen_batches``).
     None: draw until the batch is full, which never ends once the policy always solves or always
     fails every task (observed in the mini-reproduction after 8 steps)."""
+    dynamic_sampling_patience: int | None = 100
+    """With ``dynamic_sampling``: groups in a row without signal (all rewards equal) after which the
+    run stops with an error instead of drawing on: no step can form, with or without
+    ``dynamic_sampling_max_groups``, once the policy solves every task or none (checkpoints and the
+    rollout state are kept; the error says how the groups ended). None: draw until the schedule
+    runs out."""
     loss_type: str = "dapo"
     epsilon: float = 0.2
     epsilon_high: float | None = None
@@ -610,6 +616,11 @@ def _check_trainer(run: RunConfig) -> list[str]:
             out.append(
                 f"trainer.dynamic_sampling_max_groups must be >= 1 or null (got {t.dynamic_sampling_max_groups}). "
                 "Fix: trainer.dynamic_sampling_max_groups=null"
+            )
+        if t.dynamic_sampling_patience is not None and t.dynamic_sampling_patience < 1:
+            out.append(
+                f"trainer.dynamic_sampling_patience must be >= 1 or null (got {t.dynamic_sampling_patience}). "
+                "Fix: trainer.dynamic_sampling_patience=100"
             )
         if t.save_steps < 1 or t.eval_steps < 1:
             out.append("trainer.save_steps and trainer.eval_steps must be >= 1. Fix: trainer.save_steps=50")

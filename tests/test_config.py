@@ -162,6 +162,20 @@ def test_grpo_needs_groups_of_two() -> None:
     assert any("scheduler.group_size must be >= 2" in p and "trainer=sft" in p for p in problems)
 
 
+def test_dynamic_sampling_bounds_refused_below_one() -> None:
+    problems = _problems(
+        "+experiment=rl_multi", "trainer.dynamic_sampling_max_groups=0", "trainer.dynamic_sampling_patience=0"
+    )
+    assert any("dynamic_sampling_max_groups must be >= 1" in p for p in problems)
+    assert any("dynamic_sampling_patience must be >= 1" in p and "patience=100" in p for p in problems)
+    assert (
+        load(
+            "+experiment=rl_multi", "trainer.dynamic_sampling_patience=null"
+        ).trainer.dynamic_sampling_patience
+        is None
+    )
+
+
 def _problems(*overrides: str) -> list[str]:
     with pytest.raises(ConfigError) as err:
         load(*overrides)

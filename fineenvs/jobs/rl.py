@@ -178,8 +178,9 @@ class GroupAdmission:
     (``trainer.dynamic_sampling``) groups whose graded rewards are all equal are left out too.
     Trainable groups wait until their rows reach ``rows_per_step``; ``offer`` then returns the
     whole batch of groups — or, with ``max_groups_per_step``, once that many groups were drawn for
-    the step and at least one has signal (a policy that always solves or always fails its tasks
-    would otherwise keep a step waiting forever).
+    the step and at least one has signal. A policy that always solves or always fails its tasks
+    gives no signal at all, so no step can form: ``no_signal_patience`` such groups in a row (with
+    ``drop_no_signal``) abort the run instead of drawing on.
     """
 
     def __init__(
@@ -192,8 +193,11 @@ class GroupAdmission:
         state: RolloutState,
         drop_no_signal: bool = False,
         max_groups_per_step: int | None = None,
+        no_signal_patience: int | None = None,
     ) -> None:
         self.drop_no_signal = drop_no_signal
+        self.no_signal_patience = no_signal_patience
+        self.no_signal_streak: Counter[str] = Counter()  # kinds of the groups in a row without signal
         self.max_groups_per_step = max_groups_per_step
         self.drawn = 0  # groups offered since the last batch
         # Per harness, the groups left out since the last batch (logged with that step).
@@ -236,7 +240,12 @@ class GroupAdmission:
                 )
             return None
         stats.consecutive_empty = 0
+        if kind == "signal":
+            self.no_signal_streak.clear()
+        else:
+            self.no_signal_streak[kind] += 1
         if self.drop_no_signal and kind != "signal":
+            self._check_patience()
             stats.dropped_no_signal += 1
             self.dropped[group.planned.harness] += 1
             self.state.mark(gid, "no_signal")
@@ -245,6 +254,20 @@ class GroupAdmission:
         if sum(len(a.rows) for g in self.pending for a in g.graded) < self.rows_per_step:
             return self._cut_short()
         return self._release()
+
+    def _check_patience(self) -> None:
+        streak = sum(self.no_signal_streak.values())
+        if self.no_signal_patience is None or streak < self.no_signal_patience:
+            return
+        kinds = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in sorted(self.no_signal_streak.items()))
+        raise RunAborted(
+            f"{streak} groups in a row had no learning signal ({kinds}): every attempt of a group got the "
+            "same reward, so dynamic sampling left each out and no optimizer step can form. The policy solves "
+            "every task or none at this temperature. Fix: tasks nearer its level, a higher "
+            "sampling.temperature or a larger scheduler.group_size; trainer.dynamic_sampling=false trains "
+            "such groups with advantage 0; trainer.dynamic_sampling_patience=null draws on. Checkpoints and "
+            "rollout_state.json are kept: a rerun resumes from the last checkpoint."
+        )
 
     def _cut_short(self) -> list[GroupOutcome] | None:
         """The batch so far, when the step has drawn its ``max_groups_per_step`` and has signal."""
@@ -369,6 +392,7 @@ async def _run_rl(run: RunConfig) -> float:
             state=state,
             drop_no_signal=t.dynamic_sampling,
             max_groups_per_step=t.dynamic_sampling_max_groups if t.dynamic_sampling else None,
+            no_signal_patience=t.dynamic_sampling_patience,
         )
         display = ProgressDisplay(t.max_steps, started)
         try:

@@ -207,3 +207,39 @@ def test_dynamic_sampling_step_is_cut_short_after_max_groups_with_signal_at_hand
     uncapped.drop_no_signal = True
     assert uncapped.offer(_group(0, [1.0, 0.0]), 0) is None
     assert all(uncapped.offer(_group(i, [1.0, 1.0]), 0) is None for i in range(1, 50))
+
+
+def test_dynamic_sampling_stops_the_run_after_patience_groups_without_signal() -> None:
+    """No step can form once every group's rewards are equal, cap or not: ``no_signal_patience``
+    such groups in a row end the run with an error that says how they ended; a signal group resets
+    the count, and None draws on."""
+    stats = LoopStats()
+    adm = GroupAdmission(
+        max_staleness=4, rows_per_step=8, max_consecutive_empty=3, stats=stats, state=RolloutState("h"),
+        drop_no_signal=True, max_groups_per_step=2, no_signal_patience=5,
+    )  # fmt: skip
+    for i in range(4):
+        assert adm.offer(_group(i, [1.0, 1.0]), 0) is None
+    assert adm.offer(_group(4, [0.0, 1.0]), 0) is not None  # signal at hand after the cap: a short step
+    for i in range(5, 8):
+        assert adm.offer(_correct_group(i, [1.0, 1.0]), 0) is None
+    assert adm.offer(_group(8, [0.0, 0.0]), 0) is None  # 4 in a row since the signal group
+    with pytest.raises(RunAborted) as err:
+        adm.offer(_group(9, [0.0, 0.0]), 0)
+    msg = str(err.value)
+    assert "5 groups in a row had no learning signal (3 all-correct, 2 all-zero)" in msg
+    assert "trainer.dynamic_sampling_patience=null" in msg and "resumes" in msg
+    patient = _admission(rows_per_step=8)
+    patient.drop_no_signal = True  # no_signal_patience None: draws on
+    assert all(patient.offer(_group(i, [1.0, 1.0]), 0) is None for i in range(300))
+
+
+def test_no_signal_groups_never_abort_without_dynamic_sampling() -> None:
+    """Without dynamic sampling such groups train with advantage 0, so steps still form."""
+    stats = LoopStats()
+    adm = GroupAdmission(
+        max_staleness=4, rows_per_step=4, max_consecutive_empty=3, stats=stats, state=RolloutState("h"),
+        no_signal_patience=2,
+    )  # fmt: skip
+    batches = [adm.offer(_group(i, [1.0, 1.0]), 0) for i in range(6)]
+    assert sum(b is not None for b in batches) == 3 and stats.no_signal == 6
