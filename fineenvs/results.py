@@ -169,6 +169,47 @@ def co_solved(
     return out
 
 
+def deciding_attempts(attempts: Sequence[EvalAttempt]) -> dict[str, dict[tuple[str, str], EvalAttempt]]:
+    """Per checkpoint, the attempt that decides each (task, harness) cell (``first_graded``); a cell
+    with no graded attempt is absent."""
+    by_cell: dict[tuple[str, str, str], list[EvalAttempt]] = defaultdict(list)
+    for a in attempts:
+        by_cell[(a.checkpoint, a.task_id, a.harness)].append(a)
+    out: dict[str, dict[tuple[str, str], EvalAttempt]] = defaultdict(dict)
+    for (c, t, h), items in by_cell.items():
+        final = first_graded(items)
+        if final is not None:
+            out[c][(t, h)] = final
+    return dict(out)
+
+
+def paired(
+    first: dict[tuple[str, str], EvalAttempt],
+    second: dict[tuple[str, str], EvalAttempt],
+    task_ids: Sequence[str],
+    harnesses: Sequence[str],
+) -> dict[str, Any]:
+    """Two checkpoints on the same cells: ``won`` (cells ``second`` solved and ``first`` did not),
+    ``lost`` (the reverse) and ``p``, the one-sided exact sign test's chance of at least that many
+    wins if ``second`` were no better — over all harnesses and ``per_harness``. Pairing removes the
+    tasks' difficulty from the comparison, so it resolves differences that two pass@1 intervals
+    over the same tasks cannot. A cell without a graded attempt counts as unsolved, as in pass@1."""
+
+    def count(hs: Sequence[str]) -> dict[str, Any]:
+        won = lost = 0
+        for h in hs:
+            for t in task_ids:
+                a, b = first.get((t, h)), second.get((t, h))
+                solved_a, solved_b = a is not None and a.solved, b is not None and b.solved
+                won += solved_b and not solved_a
+                lost += solved_a and not solved_b
+        return {"won": won, "lost": lost, "p": sign_test_p(won, lost)}
+
+    out = count(harnesses)
+    out["per_harness"] = {h: count([h]) for h in harnesses}
+    return out
+
+
 def compute_results(
     attempts: Sequence[EvalAttempt],
     *,
@@ -185,19 +226,8 @@ def compute_results(
     for a in attempts:
         if a.task_id in tasks:
             by_pair[(a.checkpoint, a.harness)].append(a)
-    cells: dict[str, dict[str, Any]] = {}
-    finals: dict[str, dict[tuple[str, str], EvalAttempt]] = {}
-    for c in checkpoints:
-        cells[c] = {h: cell_stats(task_ids, by_pair[(c, h)]) for h in harnesses}
-        finals[c] = {}
-        for h in harnesses:
-            per_task: dict[str, list[EvalAttempt]] = defaultdict(list)
-            for a in by_pair[(c, h)]:
-                per_task[a.task_id].append(a)
-            for t, items in per_task.items():
-                final = first_graded(items)
-                if final is not None:
-                    finals[c][(t, h)] = final
+    cells = {c: {h: cell_stats(task_ids, by_pair[(c, h)]) for h in harnesses} for c in checkpoints}
+    finals = deciding_attempts([a for a in attempts if a.task_id in tasks])
     total = len(task_ids) * len(harnesses)
     results: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
@@ -212,6 +242,7 @@ def compute_results(
         },
         "tool_call_reduction": {},
         "co_solved": {},
+        "paired": {},
         "cells": cells,
     }
     if steps:
@@ -220,7 +251,8 @@ def compute_results(
         base = checkpoints[0]
         for c in checkpoints[1:]:
             key = f"{c} vs {base}"
-            detail = co_solved(finals[base], finals[c], harnesses)
+            detail = co_solved(finals.get(base, {}), finals.get(c, {}), harnesses)
+            results["paired"][key] = paired(finals.get(base, {}), finals.get(c, {}), task_ids, harnesses)
             results["co_solved"][key] = detail
             if detail["reduction"] is not None:
                 results["tool_call_reduction"][key] = detail["reduction"]
@@ -289,6 +321,11 @@ def format_tables(results: dict[str, Any]) -> str:
             mb = "-" if d["mean_tool_calls_base"] is None else f"{d['mean_tool_calls_base']:.2f}"
             mo = "-" if d["mean_tool_calls"] is None else f"{d['mean_tool_calls']:.2f}"
             lines.append(f"  {key}: {d['cells']} cells, baseline {mb} -> {mo} tool calls, reduction {red}")
+    if results.get("paired"):
+        lines.append("")
+        lines.append("paired against the baseline (cells won / lost, one-sided exact sign test)")
+        for key, d in results["paired"].items():
+            lines.append(f"  {key}: won {d['won']}, lost {d['lost']}, p = {d['p']:.2g}")
     lines.append("")
     lines.append(
         f"{'checkpoint':<{w}}  {'harness':<14} {'graded':>6} {'solved':>6} {'ungraded':>8} {'tools':>6} "

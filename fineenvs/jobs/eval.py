@@ -29,6 +29,7 @@ mean(baseline) over those cells.
      "tool_call_reduction": {"<ckpt> vs <baseline>": float},
      "co_solved": {"<ckpt> vs <baseline>": {"cells": n, "mean_tool_calls": {...}, "reduction": ...,
                    "per_harness": {h: {...}}}},
+     "paired": {"<ckpt> vs <baseline>": {"won": n, "lost": n, "p": float, "per_harness": {h: {...}}}},
      "cells": {ckpt: {harness: CellStats}}, "steps": {ckpt: step}}
 """
 

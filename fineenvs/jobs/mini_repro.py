@@ -35,7 +35,7 @@ from typing import Any
 from fineenvs.config import MiniReproSpec, RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
-from fineenvs.results import wilson
+from fineenvs.results import deciding_attempts, paired, read_attempts, wilson
 
 STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
@@ -297,6 +297,7 @@ def summary_table(out: Path) -> str:
                 f"{_num(detail['mean_tool_calls_base'])} → {_num(detail['mean_tool_calls'])} tool calls"
                 + (f" ({-red * 100:+.0f}%)" if red is not None else "")
             )
+        lines += _paired_table(out, r)
         lines += ["", "Prompt tokens of an attempt's first call, per harness (eval, base):", ""]
         attempts = read_jsonl(out / "eval" / "eval" / "attempts.jsonl")
         first = r["checkpoints"][0] if r["checkpoints"] else None
@@ -342,6 +343,41 @@ def summary_table(out: Path) -> str:
     if times:
         lines += ["", "Wall time per stage: " + ", ".join(times)]
     return "\n".join(lines) + "\n"
+
+
+# The published comparisons: each later checkpoint against the base, RL against SFT on the mix,
+# and RL across the mix against RL in one harness.
+PAIRS = (
+    ("rl_one", "base"), ("rl_mix", "base"), ("sft_mix", "base"),
+    ("rl_one", "sft_mix"), ("rl_mix", "sft_mix"), ("rl_mix", "rl_one"),
+)  # fmt: skip
+
+
+def _paired_table(out: Path, r: dict[str, Any]) -> list[str]:
+    """Paired comparisons on the evaluation's cells, from its attempt records."""
+    harnesses = r["harnesses"]
+    attempts = [a for a in read_attempts(out / "eval" / "eval" / "attempts.jsonl") if a.harness in harnesses]
+    finals = deciding_attempts(attempts)
+    by_stage = {_stage_label(out, key): finals.get(key, {}) for key in r["checkpoints"]}
+    task_ids = sorted({a.task_id for a in attempts})
+    lines = [
+        "",
+        "Paired (cells the first checkpoint solved and the second did not: won / lost; one-sided exact sign test):",
+        "",
+        "| comparison | " + " | ".join(harnesses) + " | all |",
+        "|---" * (len(harnesses) + 2) + "|",
+    ]
+    for a, b in PAIRS:
+        if a not in by_stage or b not in by_stage:
+            continue
+        d = paired(by_stage[b], by_stage[a], task_ids, harnesses)
+        cells = [_won_lost(d["per_harness"][h]) for h in harnesses] + [_won_lost(d)]
+        lines.append(f"| {a} vs {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _won_lost(d: dict[str, Any]) -> str:
+    return f"{d['won']} / {d['lost']}" + (f" (p = {d['p']:.2g})" if d["won"] > d["lost"] else "")
 
 
 def write_report(out: Path, m: MiniReproSpec) -> Path:

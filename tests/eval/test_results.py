@@ -15,9 +15,11 @@ from fineenvs.report import write_report
 from fineenvs.results import (
     EvalAttempt,
     compute_results,
+    deciding_attempts,
     eval_metrics,
     first_graded,
     format_tables,
+    paired,
     read_attempts,
     write_results,
 )
@@ -173,6 +175,20 @@ def test_no_co_solved_cells_gives_no_reduction() -> None:
     r = compute_results(attempts, checkpoints=["a", "b"], harnesses=["h"], task_ids=["t1"], split="test")
     assert r["tool_call_reduction"] == {}
     assert r["co_solved"]["b vs a"]["cells"] == 0 and r["co_solved"]["b vs a"]["reduction"] is None
+
+
+def test_paired_won_lost_and_sign_test() -> None:
+    """rl solves opencode/t3 and codex/t2, which base did not (base's codex/t3 is ungraded: unsolved,
+    as in pass@1), and loses none; in reverse the same cells are losses."""
+    r = _results()
+    d = r["paired"]["rl vs base"]
+    assert (d["won"], d["lost"], d["p"]) == (2, 0, pytest.approx(0.25))
+    assert d["per_harness"]["opencode"] == {"won": 1, "lost": 0, "p": pytest.approx(0.5)}
+    assert d["per_harness"]["codex"]["won"] == 1
+    finals = deciding_attempts(_synthetic())
+    back = paired(finals["rl"], finals["base"], TASKS, HARNESSES)
+    assert (back["won"], back["lost"], back["p"]) == (0, 2, 1.0)
+    assert "rl vs base: won 2, lost 0, p = 0.25" in format_tables(r)
 
 
 def test_metrics_and_tables() -> None:

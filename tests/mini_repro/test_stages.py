@@ -125,6 +125,14 @@ def test_wilson_interval_and_table(tmp_path: Path) -> None:
     }  # fmt: skip
     (tmp_path / "eval" / "eval").mkdir(parents=True)
     (tmp_path / "eval" / "eval" / "results.json").write_text(json.dumps(results))
+    # The paired table comes from the attempt records: rl_one solved t3-t5 where base did not, lost none.
+    records = [
+        {"checkpoint": key, "task_id": f"t{i}", "harness": "pi", "try_index": 0, "attempt_id": f"{n}-t{i}",
+         "reward": 1.0 if (i < 3 or n == "rl_one") else 0.0}
+        for n, key in zip(["base", "rl_one"], keys, strict=True) for i in range(6)
+    ]  # fmt: skip
+    (tmp_path / "eval" / "eval" / "attempts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     table = summary_table(tmp_path)
     assert "| base | 0.50 [0.19, 0.81] | 0.50 [0.19, 0.81] |" in table
+    assert "| rl_one vs base | 3 / 0 (p = 0.12) | 3 / 0 (p = 0.12) |" in table
     assert "| rl_one | 1.00 [0.61, 1.00]" in table and "2.00 → 1.00 tool calls (-50%)" in table
