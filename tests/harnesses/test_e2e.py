@@ -28,6 +28,9 @@ from tests.harnesses.stack import EmbeddedEngine, Proxy, start_embedded_engine, 
 pytestmark = pytest.mark.harness
 
 MODEL = "tiny_qwen"
+# The random model of the tiny-model attempts: tiny_lfm2 has two attention layers to tiny_qwen's four,
+# so prefilling an agent's 13-25k-token prompt takes half as long (the harness tier: -250 s).
+RANDOM_MODEL = "tiny_lfm2"
 TASK = "Compute 6*7 and write only the number to a file named answer.txt in the current directory using the shell."
 CASES = [
     pytest.param(name, fmt, id=f"{name}-{fmt}") for name, h in HARNESSES.items() for fmt in h.api_formats
@@ -49,9 +52,9 @@ def scripted_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
 @pytest.fixture(scope="module")
 def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedEngine, Proxy]]:
     root = tmp_path_factory.mktemp("tiny")
-    engine = start_embedded_engine(MODEL, root / "engine.log")
+    engine = start_embedded_engine(RANDOM_MODEL, root / "engine.log")
     # Short replies: a random model otherwise samples thousands of tokens per call on the CPU.
-    proxy = start_proxy(engine.url, MODEL, root / "store", extra_args=("--max-output-tokens", "48"))
+    proxy = start_proxy(engine.url, RANDOM_MODEL, root / "store", extra_args=("--max-output-tokens", "48"))
     yield engine, proxy
     proxy.stop()
     engine.stop()
@@ -64,7 +67,7 @@ def _require_installed(name: str) -> None:
 
 
 def _attempt(
-    proxy: Proxy, name: str, fmt: str, attempt_dir: Path, **kw: Any
+    proxy: Proxy, name: str, fmt: str, attempt_dir: Path, model: str = MODEL, **kw: Any
 ) -> tuple[AttemptResult, dict[str, Any]]:
     session = proxy.new_session(harness=name, max_model_calls=kw.pop("max_model_calls", 12))
     result = run_attempt(
@@ -74,7 +77,7 @@ def _attempt(
         attempt_dir=attempt_dir,
         base_url=session["base_url"],
         session_key=session["key"],
-        model=MODEL,
+        model=model,
         api_format=fmt,
         timeout_seconds=kw.pop("timeout_seconds", TIMEOUT_S),
         step_limit=kw.pop("step_limit", 8),
@@ -173,6 +176,7 @@ def test_tiny_model_attempt_ends_cleanly(
         name,
         h.default_format,
         tmp_path / "attempt",
+        model=RANDOM_MODEL,
         max_model_calls=3,
         timeout_seconds=timeout,
         step_limit=3,
