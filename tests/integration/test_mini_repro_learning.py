@@ -48,8 +48,9 @@ from fineenvs.harnesses import check_installed
 from fineenvs.results import sign_test_p
 
 # About 28 minutes on an idle 2-core machine: its own tier (make test-learning), which .ci/run runs
-# after the others. The limits leave room for a machine twice as slow.
-pytestmark = [pytest.mark.learning, pytest.mark.timeout(3600)]
+# after the others (2,245 s there on a slow hour). The limits leave room for a machine ~1.8x slower
+# than that.
+pytestmark = [pytest.mark.learning, pytest.mark.timeout(4200)]
 
 EVAL_TASKS = 144  # the eval split's first four blocks of 36 (fineenvs/tasks/mini.py)
 ALPHA = 0.05
@@ -90,7 +91,7 @@ def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
         f"mini_repro.eval_tasks={EVAL_TASKS}",
     ]
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3400)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=4000)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     results = json.loads((out / "eval" / "eval" / "results.json").read_text())
