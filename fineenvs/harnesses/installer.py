@@ -19,9 +19,11 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Protocol
 
-from fineenvs.harnesses.base import MARKER_FILE, Harness
-from fineenvs.paths import harness_cache
+from fineenvs.harnesses.base import Harness
+from fineenvs.harnesses.node import NODE, compile_cache_dir
+from fineenvs.paths import MARKER_FILE, harness_cache
 
 # Python agents must never pull a second torch into their venv (it is huge and conflicts).
 PIP_CONSTRAINTS = "torch==2.13.0\n"
@@ -63,7 +65,31 @@ def base_python(version: str | None = None) -> str:
     return found
 
 
-def log_path(h: Harness) -> Path:
+class Installable(Protocol):
+    """What the installer needs of a thing it installs: an agent (Harness) or the pinned Node."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def package(self) -> str: ...
+    @property
+    def registry(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def python_version(self) -> str | None: ...
+    @property
+    def install_dir(self) -> Path: ...
+    @property
+    def binary_path(self) -> Path: ...
+    def install_requirements(self) -> list[str]: ...
+    def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]: ...
+    def installed_version(self) -> str | None: ...
+    def is_installed(self) -> bool: ...
+    def install_command_hint(self) -> str: ...
+
+
+def log_path(h: Installable) -> Path:
     return harness_cache() / f"{h.name}-{h.version}.install.log"
 
 
@@ -91,7 +117,7 @@ def _relocate_venv_scripts(venv: Path, old: Path, new: Path) -> None:
         cfg.write_bytes(cfg.read_bytes().replace(old_b, new_b))
 
 
-def _install_into(h: Harness, tmp: Path, log: Path) -> None:
+def _install_into(h: Installable, tmp: Path, log: Path) -> None:
     reqs = h.install_requirements()
     if h.registry == "npm":
         npm = shutil.which("npm")
@@ -113,12 +139,28 @@ def _install_into(h: Harness, tmp: Path, log: Path) -> None:
 
 
 def install(h: Harness, *, force: bool = False, echo: Callable[[str], None] = print) -> Path:
-    """Install ``h`` at its pinned version (no-op when already installed); return its directory."""
+    """Install ``h`` at its pinned version (no-op when already installed); return its directory.
+
+    An npm agent brings the pinned Node it runs on (installed once, shared) and has its compile
+    cache warmed (fineenvs/harnesses/node.py), also when the agent itself was already installed.
+    """
+    if h.registry == "npm":
+        _install(NODE, force=False, echo=echo)
+    path = _install(h, force=force, echo=echo)
+    if h.registry == "npm":
+        warm_compile_cache(h, echo=echo)
+    return path
+
+
+def _lock(h: Installable) -> Any:
+    return (harness_cache() / f".{h.name}-{h.version}.lock").open("w")
+
+
+def _install(h: Installable, *, force: bool, echo: Callable[[str], None]) -> Path:
     if h.is_installed() and not force:
         return h.install_dir
     cache = harness_cache()
-    lock_path = cache / f".{h.name}-{h.version}.lock"
-    with lock_path.open("w") as lock:
+    with _lock(h) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if h.is_installed() and not force:
             return h.install_dir
@@ -160,12 +202,59 @@ def install(h: Harness, *, force: bool = False, echo: Callable[[str], None] = pr
         return h.install_dir
 
 
+def warm_compile_cache(h: Harness, *, echo: Callable[[str], None] = print) -> None:
+    """Start the agent once (``h.warm_argv()``) so that Node fills its compile cache.
+
+    Outside any sandbox, in a throwaway HOME, under the agent's install lock; once per agent and
+    Node version (a stamp in the cache). A failing start only costs speed: it is logged, and the
+    next install call tries again.
+    """
+    cache = compile_cache_dir(h.install_dir)
+    stamp = cache / f".warmed-by-node-{NODE.version}"
+    if stamp.exists() or not h.is_installed():
+        return
+    with _lock(h) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists():
+            return
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="fineenvs-warm-") as tmp:
+            home = Path(tmp)
+            (home / "tmp").mkdir()
+            argv = h.warm_argv()
+            try:
+                proc = subprocess.run(
+                    argv, env=h.base_env(home), cwd=home, capture_output=True, timeout=120, check=False
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                echo(f"warning: warming {h.name}'s compile cache failed ({exc}); its starts stay slower")
+                return
+        with log_path(h).open("a") as fh:
+            fh.write(f"\n$ {' '.join(argv)}  (compile-cache warm-up, exit {proc.returncode})\n")
+        if proc.returncode != 0:
+            echo(
+                f"warning: warming {h.name}'s compile cache failed (exit {proc.returncode}: "
+                f"{proc.stderr.decode(errors='replace')[-300:]}); its starts stay slower"
+            )
+            return
+        stamp.write_text(f"{h.name} {h.version} warmed by node {NODE.version}\n")
+
+
 def install_many(
     harnesses: Iterable[Harness], *, force: bool = False, jobs: int = 3
 ) -> dict[str, str | None]:
     """Install several harnesses in parallel; returns name -> error message (None when fine)."""
     items = list(harnesses)
     results: dict[str, str | None] = {}
+    if any(h.registry == "npm" for h in items):
+        # Once, before the agents that run on it: a failure is every npm agent's failure.
+        try:
+            _install(NODE, force=False, echo=print)
+        except (InstallError, OSError, RuntimeError) as exc:
+            results = {
+                h.name: f"the pinned Node.js failed to install: {exc}" for h in items if h.registry == "npm"
+            }
+            items = [h for h in items if h.registry != "npm"]
 
     def one(h: Harness) -> tuple[str, str | None]:
         try:
@@ -181,23 +270,39 @@ def install_many(
 
 
 def problems(harnesses: Iterable[Harness]) -> list[str]:
-    """Clear, actionable messages for every harness that is missing or at the wrong version."""
+    """Clear, actionable messages for every harness that is missing or at the wrong version (and
+    for the pinned Node, when an npm agent needs it)."""
+    items = list(harnesses)
+    needs_node: list[Installable] = [NODE] if any(h.registry == "npm" for h in items) else []
     out: list[str] = []
-    for h in harnesses:
+    for h in [*needs_node, *items]:
+        what = "Node.js, the npm agents' runtime," if h is NODE else f"harness {h.name}"
+        reinstall = (
+            f"rm -rf {h.install_dir} && {h.install_command_hint()}"
+            if h is NODE
+            else f"{h.install_command_hint()} --force"
+        )
         found = h.installed_version()
         if found is None:
+            try:
+                package = h.package
+            except RuntimeError as exc:  # no pinned Node binary for this platform
+                out.append(str(exc))
+                continue
             out.append(
-                f"harness {h.name} ({h.package} {h.version}) is not installed in {h.install_dir}; "
+                f"{what} ({package} {h.version}) is not installed in {h.install_dir}; "
                 f"run: {h.install_command_hint()}"
             )
         elif found != h.version:
             out.append(
-                f"harness {h.name} is installed at version {found} but {h.version} is pinned; "
+                f"{what} is installed at version {found} but {h.version} is pinned; "
                 f"run: {h.install_command_hint()}"
             )
-        elif not h.binary_path.exists():
+        elif isinstance(h, Harness) and h.installed_requirements() not in (None, h.install_requirements()):
             out.append(
-                f"harness {h.name} {h.version} is incomplete ({h.binary_path} missing); "
-                f"run: {h.install_command_hint()} --force"
+                f"{what} {h.version} was installed from {h.installed_requirements()}, but its pinned "
+                f"requirements are now {h.install_requirements()}; run: {h.install_command_hint()}"
             )
+        elif not h.binary_path.exists():
+            out.append(f"{what} {h.version} is incomplete ({h.binary_path} missing); run: {reinstall}")
     return out

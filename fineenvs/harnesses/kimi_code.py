@@ -7,9 +7,9 @@ Completions), ``openai_responses``, ``anthropic`` or ``google-genai``. ``kimi -p
 --output-format stream-json`` runs one prompt headless under its ``auto`` permission policy (no
 approvals, no questions); ``loop_control.max_steps_per_turn`` is the step limit.
 
-Runtime: the CLI needs Node >= 22.19 (``node:sqlite``). The npm package ``node`` at a pinned
-22.x release, installed into the same prefix, puts that Node (a binary from the npm registry) in
-``node_modules/.bin``, first on the agent's PATH, where the CLI's ``#!/usr/bin/env node`` finds it.
+Runtime: the CLI needs Node >= 22.19 (``node:sqlite``): the pinned Node every npm agent runs on
+(fineenvs/harnesses/node.py) is one, on the agent's PATH, where the CLI's ``#!/usr/bin/env node``
+finds it.
 
 ripgrep: the Grep and Glob tools run ``rg``; without one on PATH the CLI downloads it from its
 CDN when a tool first needs it. The install step puts ripgrep's own binary wheel from PyPI
@@ -46,7 +46,6 @@ TYPE_BY_FORMAT = {
     ANTHROPIC_MESSAGES: "anthropic",
     GEMINI: "google-genai",
 }
-NODE_VERSION = "22.23.3"
 RIPGREP = "ripgrep==14.1.0"
 RIPGREP_DIR = "ripgrep"
 CONTEXT_SIZE = 200000
@@ -64,7 +63,6 @@ class KimiCode(Harness):
     binary = "kimi"
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
     default_format = OPENAI_CHAT
-    extra_requirements = (f"node@{NODE_VERSION}",)
     honours_step_limit = True  # loop_control.max_steps_per_turn
 
     def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:

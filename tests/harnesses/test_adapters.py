@@ -11,6 +11,7 @@ import pytest
 
 from fineenvs.harnesses import HARNESSES, Harness, HarnessConfigError, check_installed, get_harness
 from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, API_FORMATS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES
+from fineenvs.harnesses.node import NODE
 
 BASE = "http://127.0.0.1:18100/s/sessKEY123"
 KEY = "sessKEY123"
@@ -81,6 +82,20 @@ def test_session_key_and_base_url_wired_but_not_in_argv(name: str, fmt: str, tmp
     assert env["TERM"] == "dumb"
     assert argv[0].startswith(str(h.install_dir)), argv[0]
     assert env["PATH"].split(os.pathsep)[0] == str(h.bin_dir)
+
+
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_npm_agents_run_on_the_pinned_node_with_their_own_compile_cache(name: str, tmp_path: Path) -> None:
+    h = HARNESSES[name]
+    _home, _work, env, _argv = build(h, tmp_path, h.default_format)
+    if h.registry != "npm":
+        assert "NODE_COMPILE_CACHE" not in env
+        return
+    # The agents' `#!/usr/bin/env node` finds the first node on PATH: it must be the pinned one.
+    dirs = env["PATH"].split(os.pathsep)
+    assert str(NODE.bin_dir) in dirs
+    assert all(not (Path(d) / "node").exists() for d in dirs[: dirs.index(str(NODE.bin_dir))]), dirs
+    assert env["NODE_COMPILE_CACHE"] == str(h.install_dir / ".node-compile-cache")
 
 
 @pytest.mark.parametrize("name", list(HARNESSES))
@@ -397,13 +412,13 @@ def test_kimi_code_provider_per_format(fmt: str, ptype: str, base: str, tmp_path
     tui = tomllib.loads((home / ".kimi-code" / "tui.toml").read_text())
     assert tui["upgrade"]["auto_install"] is False
     assert env["KIMI_CODE_HOME"] == str(home / ".kimi-code")
-    # Node 22 from the prefix comes before the system's (the CLI needs node:sqlite), and the
-    # prefix's ripgrep keeps the Grep tool from downloading one.
+    # The pinned Node (>= 22.19: the CLI needs node:sqlite) comes before any other, and the prefix's
+    # ripgrep keeps the Grep tool from downloading one.
     path = env["PATH"].split(os.pathsep)
-    assert path[:2] == [str(h.bin_dir), str(h.install_dir / "ripgrep" / "bin")]
+    assert path[:3] == [str(h.bin_dir), str(h.install_dir / "ripgrep" / "bin"), str(NODE.bin_dir)]
     assert argv[1:3] == ["-p", "Write 42 to answer.txt"]
     assert argv[argv.index("--output-format") + 1] == "stream-json"
-    assert h.install_requirements() == ["@moonshot-ai/kimi-code@2.1.0", "node@22.23.3"]
+    assert h.install_requirements() == ["@moonshot-ai/kimi-code@2.1.0"]
 
 
 def test_kimi_code_without_step_limit_and_its_install_step(tmp_path: Path) -> None:

@@ -200,12 +200,17 @@ def test_scripted_policy_in_bwrap_sandbox(
     """The same task with a read-only root and a loopback-only network that reaches just the proxy."""
     _require_installed(name)
     engine, proxy = scripted_stack
+    cache = HARNESSES[name].install_dir / ".node-compile-cache"
+    before = _files(cache)
     result, rollout = _attempt(
         proxy, name, HARNESSES[name].default_format, tmp_path / "attempt", use_bwrap=True
     )
     assert result.exit_reason == "finished", _why(result)
     assert result.answer == ANSWER
     assert result.leftover_pids == []
+    # An npm agent's compile cache is read-only in the sandbox: no attempt plants compiled code
+    # that a later attempt would run.
+    assert _files(cache) == before
     assert rollout["calls"] and all(
         (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in rollout["calls"]
     )
@@ -217,6 +222,11 @@ def test_scripted_policy_in_bwrap_sandbox(
 
 
 BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time (ns)."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize(
