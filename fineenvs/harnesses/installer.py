@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Protocol
 
 from fineenvs.harnesses.base import Harness
 from fineenvs.harnesses.node import NODE, compile_cache_dir
@@ -152,7 +152,8 @@ def install(h: Harness, *, force: bool = False, echo: Callable[[str], None] = pr
     return path
 
 
-def _lock(h: Installable) -> Any:
+def _lock(h: Installable) -> IO[str]:
+    """The per-install lock file (held with flock while installing or warming)."""
     return (harness_cache() / f".{h.name}-{h.version}.lock").open("w")
 
 

@@ -466,9 +466,12 @@ def test_check_installed_reports_missing_with_install_command(
 ) -> None:
     monkeypatch.setenv("FINEENVS_CACHE", str(tmp_path))
     problems = check_installed(["codex", "pi"])
-    assert len(problems) == 2
-    assert "python -m fineenvs.harnesses install codex" in problems[0]
-    assert "not installed" in problems[0]
+    assert len(problems) == 3  # the two agents, and first the pinned Node they run on
+    assert "Node.js, the npm agents' runtime," in problems[0] and f"node-{NODE.version}" in problems[0]
+    assert "python -m fineenvs.harnesses install codex" in problems[1]
+    assert "not installed" in problems[1]
+    (pypi_only,) = check_installed(["mini_swe_agent"])  # a PyPI agent needs no Node
+    assert "harness mini_swe_agent" in pypi_only
     assert check_installed(["nope"])[0].startswith("unknown harness")
 
 
