@@ -60,6 +60,9 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"trainer.learning_rate={m.rl_learning_rate}",
         f"trainer.save_steps={m.eval_every}",
         f"trainer.eval_steps={m.eval_every}",
+        # The eval stage evaluates the final checkpoint on the whole matrix: the hook's own
+        # evaluation of it, on a subset, would repeat that (~7 min of run H's rl_mix).
+        "trainer.eval_at_end=false",
         f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
         f"scheduler.max_inflight={max(4, m.group_size)}",  # a whole group runs at once

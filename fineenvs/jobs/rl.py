@@ -444,7 +444,7 @@ async def _run_rl(run: RunConfig) -> float:
                         state.save(ckpt / "rollout_state.json")
                         (ckpt / "COMPLETE").write_text("ok\n")
                         state.save(state_path)
-                        if stats.steps % t.eval_steps == 0:
+                        if in_training_eval_due(stats.steps, t):
                             if pushing and not pushed_now:
                                 # The evaluation must see this checkpoint's weights, not the last pushed ones.
                                 await asyncio.to_thread(push_weights, engine.weight_sync)
@@ -466,6 +466,11 @@ async def _run_rl(run: RunConfig) -> float:
             display.close()
             state.save(state_path)
     return _summary(run, stats, out, started)
+
+
+def in_training_eval_due(step: int, t: GRPOSpec) -> bool:
+    """Whether the in-training hook evaluates the checkpoint saved at ``step``."""
+    return step % t.eval_steps == 0 and (t.eval_at_end or step < t.max_steps)
 
 
 def advantage_metrics(rows: list[Any], harness_of: dict[str, str]) -> dict[str, float]:

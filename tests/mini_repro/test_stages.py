@@ -21,6 +21,7 @@ from fineenvs.config import (
     to_run_config,
 )
 from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table
+from fineenvs.jobs.rl import in_training_eval_due
 from fineenvs.paths import CONF_DIR
 from fineenvs.results import wilson
 
@@ -72,6 +73,9 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         assert r.scheduler.harness_selection is HarnessSelection.shuffled  # not tied to the templates
         assert r.scheduler.group_size == 8 and r.scheduler.max_inflight == 8
         assert r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 16
+        # In-training evaluations at step 6 only: the eval stage measures the final checkpoint.
+        assert r.trainer.eval_steps == 6 and not r.trainer.eval_at_end and r.trainer.max_steps == 12
+        assert [k for k in range(1, 13) if in_training_eval_due(k, r.trainer)] == [6]
     (old,) = [  # runs C-E's setting: groups of 4, 8 rows per step, no cap
         _load(*o, f"output_dir={tmp_path / 'old'}")
         for o in stage_commands(
