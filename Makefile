@@ -15,7 +15,7 @@ help:
 	@echo "make test-harness real agent CLIs end to end through the proxy"
 	@echo "make test-vllm    vLLM 0.33's own parser, protocol models and NCCL trainer engine (CPU)"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
-	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (28-38 min)"
+	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
 	@echo "make check        ruff + mypy"
 	@echo "make bench        engine, proxy and tree benchmarks"
 
