@@ -420,19 +420,20 @@ class MiniReproSpec:
     sft_gradient_accumulation: int = 2
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
-    rl_learning_rate: float = 3.0e-4
-    """The recipe's (runs F and G). The learning test uses 1e-4 with 24 rows per step: at 3e-4 RL
-    sometimes traded one question template for another (experiments/mini_repro/README.md, "CI")."""
+    rl_learning_rate: float = 1.0e-4
+    """With 24 rows per step, the learning test's setting (run K; experiments/mini_repro/README.md).
+    Runs F-J used 3e-4 with 16 rows, at which RL sometimes traded one question template for another
+    ("CI" there)."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn, with the signal groups it has (None: only when its batch is full; runs C-E's setting,
     with which a base that never solves a template can stall a step for good)."""
     group_size: int = 8
-    rl_rows_per_step: int = 16
+    rl_rows_per_step: int = 24
     """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages, a multiple of 4 (the
-    per-device batch). Runs C-E used groups of 4 and 8 rows, runs F and G groups of 8 and 16 rows;
-    the learning test uses 24 (three Pi groups a step, so a step usually sees every template) at
-    lr 1e-4 (experiments/mini_repro/README.md, "CI")."""
+    per-device batch): three groups of 8, so a step usually sees every template. Runs C-E used
+    groups of 4 and 8 rows, runs F-J groups of 8 and 16 rows at lr 3e-4; run K and the learning
+    test 24 at lr 1e-4 (experiments/mini_repro/README.md)."""
     eval_tasks: int | None = 36
     """Held-out eval-split tasks per harness in the final matrix (None: all 216). Runs C-E used 18
     (run E) or 36; on 18, run F's RL gain in Pi (9 won / 2 lost on 36) was lost in the noise."""
