@@ -304,8 +304,9 @@ class GRPOSpec:
     save_steps: int = 50
     eval_steps: int = 100
     eval_at_end: bool = True
-    """Whether the in-training hook also evaluates the last step's checkpoint; off where the job
-    evaluates that checkpoint in full afterwards (the mini-reproduction's eval stage)."""
+    """Whether the in-training hook evaluates the last step's checkpoint when that step is an eval
+    step (``max_steps % eval_steps == 0``); off where the job evaluates that checkpoint in full
+    afterwards (the mini-reproduction's eval stage)."""
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = True
     prefix_sharing: PrefixSharing = PrefixSharing.shared

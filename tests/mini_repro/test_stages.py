@@ -77,6 +77,8 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         # In-training evaluations at step 6 only: the eval stage measures the final checkpoint.
         assert r.trainer.eval_steps == 6 and not r.trainer.eval_at_end and r.trainer.max_steps == 12
         assert [k for k in range(1, 13) if in_training_eval_due(k, r.trainer)] == [6]
+        on = replace(r.trainer, eval_at_end=True)  # the default: the last step is evaluated too
+        assert [k for k in range(1, 13) if in_training_eval_due(k, on)] == [6, 12]
     (old,) = [  # runs C-E's setting: groups of 4, 8 rows per step, no cap
         _load(*o, f"output_dir={tmp_path / 'old'}")
         for o in stage_commands(
