@@ -328,6 +328,13 @@ class SFTSpec:
     teacher_attempts_per_task: int = 3
     teacher_dir: str | None = None
     """job=sft: output directory of the ``job=collect_teacher`` run whose kept sessions are trained on."""
+    rollout_slices: dict[str, list[int]] = field(default_factory=dict)
+    """job=sft: per harness, ``[start, stop]`` or ``[start]`` (to the end): train on that slice of the
+    harness's kept rollouts in task-id order (``{pi: [24], opencode: [0, 24]}``: Pi's from the 25th
+    on, OpenCode's first 24; on the command line one key at a time, ``+trainer.rollout_slices.pi=[24]``);
+    a harness not named keeps all. Lets
+    two trainings split one collection, e.g. the mini-reproduction's SFT-on-the-mix baseline on
+    rollouts its base never saw. Applied before ``max_rollouts_per_harness``."""
     max_rollouts_per_harness: int | None = None
     """job=sft: at most this many kept rollouts per harness (the first by task id); None keeps all."""
     merge_turns: bool = False
@@ -409,13 +416,22 @@ class MiniReproSpec:
     learn which command a question asks for from that far back (experiments/mini_repro/)."""
     teacher_tasks: int | None = None
     """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
-    sft_mix_tasks: int | None = 24
-    """Training tasks the teacher attempts in each other harness of the mix: the SFT-on-the-mix
-    baseline's rollouts per harness (long prompts are costly on CPU)."""
+    base_mix_tasks: int = 24
+    """Training tasks of each other harness of the mix whose teacher rollouts the base also trains
+    on (with ``base_sees_mix``; long prompts are costly on CPU)."""
     base_sees_mix: bool = True
-    """The base's SFT data: the base harness's rollouts plus the ``sft_mix_tasks`` rollouts of each
+    """The base's SFT data: the base harness's rollouts plus ``base_mix_tasks`` rollouts of each
     other harness (True), or the base harness's alone (False). With False the 4-layer student solves
     nothing outside the base harness, so RL across the mix has signal in one harness only."""
+    sft_mix_tasks: int = 24
+    """Teacher rollouts per harness of the SFT-on-the-mix baseline (``sft_mix``): those of the first
+    ``sft_mix_tasks`` training tasks of every harness, held out of the base's data, so the baseline
+    learns from rollouts its starting point never saw, as the published SFT baseline does (the
+    teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks in each other harness). Held out only
+    when the ``sft_mix`` stage runs. Runs B-K trained it on rollouts the base had seen, at the
+    base's learning rate: it fell below its base in every run."""
+    sft_mix_epochs: float = 1.0
+    sft_mix_learning_rate: float = 3.0e-4
     base_epochs: float = 2.0
     sft_learning_rate: float = 3.0e-3
     sft_gradient_accumulation: int = 2
@@ -605,6 +621,20 @@ def _check_trainer(run: RunConfig) -> list[str]:
             f"trainer.max_rollouts_per_harness must be >= 1 or null (got {t.max_rollouts_per_harness}): it caps "
             "the teacher rollouts kept per harness. Fix: trainer.max_rollouts_per_harness=null (keep all)"
         )
+    if isinstance(t, SFTSpec):
+        for harness, bounds in t.rollout_slices.items():
+            if len(bounds) not in (1, 2) or bounds[0] < 0 or (len(bounds) == 2 and bounds[1] <= bounds[0]):
+                out.append(
+                    f"trainer.rollout_slices.{harness}={list(bounds)} is not a slice: it must be [start, stop] "
+                    "with 0 <= start < stop (rollouts in task-id order, stop excluded), or [start] for all "
+                    "from start on. "
+                    f"Fix: e.g. trainer.rollout_slices.{harness}=[0,24]"
+                )
+            if run.harness and harness not in run.harness:
+                out.append(
+                    f"trainer.rollout_slices names {harness!r}, which is not among this run's harnesses "
+                    f"({sorted(run.harness)}): its slice would select nothing. Fix: drop it, or add the harness"
+                )
     if isinstance(t, GRPOSpec):
         if run.scheduler.group_size < 2:
             out.append(

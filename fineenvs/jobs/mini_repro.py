@@ -8,12 +8,14 @@ the capture proxy, the real agent CLIs, trajectory rows, the reward, TRL's SFT a
 trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 
 ``teacher``  the scripted expert (``engine.policy=expert``) through the real harnesses on the
-             training split: every task in ``base_harness``, ``sft_mix_tasks`` in the others;
-``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts (plus the
-             few of each other harness with ``base_sees_mix``);
+             training split: every task in ``base_harness``, ``sft_mix_tasks + base_mix_tasks`` in
+             the others;
+``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts (plus
+             ``base_mix_tasks`` of each other harness with ``base_sees_mix``), less the first
+             ``sft_mix_tasks`` of every harness, which are the SFT baseline's;
 ``rl_one``   GRPO from the base in ``base_harness`` alone;
 ``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, rotation);
-``sft_mix``  SFT from the base on the teacher's rollouts across ``harnesses``;
+``sft_mix``  SFT from the base on the held-out teacher rollouts across ``harnesses``;
 ``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
 
@@ -79,14 +81,29 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
     ]
 
 
-def _sft_overrides(m: MiniReproSpec, harnesses: list[str], teacher: Path, epochs: float) -> list[str]:
+def _slices(slices: dict[str, list[int]]) -> list[str]:
+    # One "+" override per harness: Hydra merges a whole-dict value, which adds no key in struct mode.
+    return [
+        f"+trainer.rollout_slices.{h}=[{','.join(str(b) for b in bounds)}]" for h, bounds in slices.items()
+    ]
+
+
+def _sft_overrides(
+    m: MiniReproSpec,
+    harnesses: list[str],
+    teacher: Path,
+    epochs: float,
+    learning_rate: float,
+    slices: dict[str, list[int]],
+) -> list[str]:
     return [
         "job=sft",
         "trainer=sft",
         f"harness={_list(harnesses)}",
         f"trainer.teacher_dir={teacher}",
+        *_slices(slices),
         f"trainer.num_train_epochs={epochs}",
-        f"trainer.learning_rate={m.sft_learning_rate}",
+        f"trainer.learning_rate={learning_rate}",
         # Decayed, not constant: at a constant 3e-3 the last few batches decided which command the
         # student wrote for every question (it flipped from tail to cut to awk between epochs).
         "trainer.lr_scheduler_type=cosine",
@@ -105,34 +122,50 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
     """The ``fineenvs.run`` override lists of each stage (a stage may be several runs)."""
     others = [h for h in m.harnesses if h != m.base_harness]
     teacher = out / "teacher"
-    limit = "null" if m.teacher_tasks is None else str(m.teacher_tasks)
-    mix_limit = str(m.sft_mix_tasks) if m.sft_mix_tasks is not None else limit
+    # The first sft_mix_tasks training tasks of every harness are the SFT baseline's, never the base's.
+    held = m.sft_mix_tasks if "sft_mix" in m.stages else 0
+    base_mix = m.base_mix_tasks if m.base_sees_mix else 0
+    base_slices = {m.base_harness: [held]} if held else {}
+    if base_mix:
+        base_slices.update({h: [held, held + base_mix] for h in others})
     collect = [
         "job=collect_teacher",
         "trainer=sft",
         "engine.policy=expert",
         "trainer.teacher_attempts_per_task=1",
     ]
+    limit = "null" if m.teacher_tasks is None else str(m.teacher_tasks)
     commands: dict[str, list[list[str]]] = {
         "teacher": [[*collect, f"harness=[{m.base_harness}]", f"tasks.limit={limit}"]],
         "base": [
             _sft_overrides(
-                m, list(m.harnesses) if m.base_sees_mix else [m.base_harness], teacher, m.base_epochs
+                m,
+                list(m.harnesses) if base_mix else [m.base_harness],
+                teacher,
+                m.base_epochs,
+                m.sft_learning_rate,
+                base_slices,
             )
         ],
     }
-    if others:
-        commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={mix_limit}"])
+    if others and held + base_mix:
+        commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={held + base_mix}"])
     base = checkpoints.get("base")
     if base is not None:
         commands["rl_one"] = [_rl_overrides(m, [m.base_harness], base)]
         commands["rl_mix"] = [_rl_overrides(m, list(m.harnesses), base)]
         commands["sft_mix"] = [
             [
-                *_sft_overrides(m, list(m.harnesses), teacher, 1.0),
+                *_sft_overrides(
+                    m,
+                    list(m.harnesses),
+                    teacher,
+                    m.sft_mix_epochs,
+                    m.sft_mix_learning_rate,
+                    {h: [0, m.sft_mix_tasks] for h in m.harnesses},
+                ),
                 "model.source=local",
                 f"model.path={base}",
-                f"trainer.max_rollouts_per_harness={m.sft_mix_tasks if m.sft_mix_tasks is not None else 'null'}",
             ]
         ]
     ready = [checkpoints[s] for s in CHECKPOINT_STAGES if s in checkpoints]
@@ -213,6 +246,19 @@ def run_mini_repro(run: RunConfig) -> float | None:
         raise ValueError(
             f"mini_repro.rl_rows_per_step={m.rl_rows_per_step}: the RL stages train {_RL_BATCH} rows per "
             f"pass and accumulate whole passes into a step. Fix: a multiple of {_RL_BATCH}, e.g. 8 or 16"
+        )
+    if m.sft_mix_tasks < 1 or m.base_mix_tasks < 1:
+        raise ValueError(
+            f"mini_repro.sft_mix_tasks={m.sft_mix_tasks}, base_mix_tasks={m.base_mix_tasks}: each is a number of "
+            "training tasks per harness and must be >= 1. Fix: the defaults, 24 each (to drop the SFT "
+            "baseline, leave sft_mix out of mini_repro.stages; to train the base on one harness, "
+            "mini_repro.base_sees_mix=false)"
+        )
+    if "sft_mix" in m.stages and m.teacher_tasks is not None and m.teacher_tasks <= m.sft_mix_tasks:
+        raise ValueError(
+            f"mini_repro.teacher_tasks={m.teacher_tasks} leaves the base no {m.base_harness} rollouts: the first "
+            f"sft_mix_tasks={m.sft_mix_tasks} are held out for the sft_mix stage. Fix: teacher_tasks above "
+            "sft_mix_tasks, or null (the whole train split)"
         )
     if m.base_harness not in m.harnesses:
         raise ValueError(

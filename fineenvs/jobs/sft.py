@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,36 @@ def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]
         for e in manifest["sessions"]
     ]
     return sessions, manifest
+
+
+def select_rollouts(sessions: list[Any], t: SFTSpec) -> list[Any]:
+    """The sessions trained on: ``t.rollout_slices`` of each harness's, then ``t.max_rollouts_per_harness``.
+
+    Both count in task-id order per harness, so a slice names the same rollouts however the
+    collection's manifest is ordered."""
+    if not t.rollout_slices and t.max_rollouts_per_harness is None:
+        return sessions
+    by_harness: dict[str, list[Any]] = {}
+    for s in sorted(sessions, key=lambda s: (s.harness, s.task_id)):
+        by_harness.setdefault(s.harness, []).append(s)
+    for harness in t.rollout_slices:
+        by_harness.setdefault(harness, [])
+    kept: list[Any] = []
+    for harness, rollouts in by_harness.items():
+        bounds = t.rollout_slices.get(harness)
+        if bounds is not None:
+            start, stop = bounds[0], bounds[1] if len(bounds) > 1 else max(len(rollouts), bounds[0] + 1)
+            if stop > len(rollouts):
+                raise RunAborted(
+                    f"trainer.rollout_slices.{harness}={list(bounds)} asks for {harness} rollouts up to "
+                    f"#{stop}, but the collection in {t.teacher_dir} kept {len(rollouts)}. Fix: collect more "
+                    f"(job=collect_teacher with tasks.limit={stop} in {harness}), or lower the slice"
+                )
+            rollouts = rollouts[start:stop]
+        if t.max_rollouts_per_harness is not None:
+            rollouts = rollouts[: t.max_rollouts_per_harness]
+        kept.extend(rollouts)
+    return kept
 
 
 def student_chat_template(run: RunConfig) -> str | None:
@@ -93,14 +122,7 @@ def run_sft(run: RunConfig) -> float | None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
-    if t.max_rollouts_per_harness is not None:
-        taken: Counter[str] = Counter()
-        kept_sessions = []
-        for s in sorted(sessions, key=lambda s: (s.harness, s.task_id)):
-            if taken[s.harness] < t.max_rollouts_per_harness:
-                taken[s.harness] += 1
-                kept_sessions.append(s)
-        sessions = kept_sessions
+    sessions = select_rollouts(sessions, t)
     from transformers import AutoTokenizer
 
     from fineenvs.logging import MetricLogger

@@ -47,12 +47,15 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert [t.job for t in teacher] == [Job.collect_teacher] * 2
     assert all(t.engine.policy == "expert" and t.engine.kind is EngineKind.transformers for t in teacher)
     assert list(teacher[0].harness) == ["pi"] and list(teacher[1].harness) == ["mini_swe_agent", "opencode"]
+    assert teacher[0].tasks.limit is None and teacher[1].tasks.limit == 48  # 24 for sft_mix + 24 for the base
     assert teacher[0].tasks.name == "mini" and teacher[0].tasks.split == "train"
     (b,) = runs["base"]
     assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
-    # The base's data: every Pi rollout and the few of each other harness (base_sees_mix), one
-    # example per rollout, in the student the recipe is sized for, agents in the bwrap sandbox.
+    # The base's data: every Pi rollout and the few of each other harness (base_sees_mix) but the
+    # first 24 of every harness, which are sft_mix's; one example per rollout, in the student the
+    # recipe is sized for, agents in the bwrap sandbox.
     assert list(b.harness) == ["pi", "mini_swe_agent", "opencode"] and b.trainer.merge_turns
+    assert b.trainer.rollout_slices == {"pi": [24], "mini_swe_agent": [24, 48], "opencode": [24, 48]}
     assert b.trainer.teacher_dir == str(tmp_path / "teacher") and b.model.name == "tiny_agent"
     assert all(r.scheduler.sandbox.value == "bwrap" for rs in runs.values() for r in rs)
     (b_one,) = [
@@ -60,6 +63,14 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         for o in stage_commands(replace(run.mini_repro, base_sees_mix=False), tmp_path, ckpts)["base"]
     ]
     assert list(b_one.harness) == ["pi"]
+    # Without the sft_mix stage (the learning test's recipe) nothing is held out of the base.
+    lt = replace(
+        run.mini_repro, base_sees_mix=False, harnesses=["pi"], stages=["teacher", "base", "rl_one", "eval"]
+    )
+    lt_runs = stage_commands(lt, tmp_path, ckpts)
+    assert len(lt_runs["teacher"]) == 1 and "tasks.limit=null" in lt_runs["teacher"][0]
+    (b_lt,) = [_load(*o, f"output_dir={tmp_path / 'blt'}") for o in lt_runs["base"]]
+    assert b_lt.trainer.rollout_slices == {} and list(b_lt.harness) == ["pi"]
     for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", ["pi", "mini_swe_agent", "opencode"])):
         (r,) = runs[name]
         assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
@@ -91,7 +102,10 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert old.scheduler.group_size == 4 and old.scheduler.max_inflight == 4
     assert old.trainer.per_device_batch_size * old.trainer.gradient_accumulation_steps == 8
     (s,) = runs["sft_mix"]
-    assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness == run.mini_repro.sft_mix_tasks
+    assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness is None
+    assert s.trainer.rollout_slices == {h: [0, 24] for h in ("pi", "mini_swe_agent", "opencode")}
+    assert s.trainer.learning_rate == run.mini_repro.sft_mix_learning_rate
+    assert s.trainer.num_train_epochs == run.mini_repro.sft_mix_epochs
     (e,) = runs["eval"]
     assert e.job is Job.eval and e.eval.checkpoints == [str(p) for p in ckpts.values()]
     assert e.eval.split == "eval" and len(e.harness) == 3
@@ -104,6 +118,10 @@ def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
         _load("job=eval", "engine.policy=oracle")
     with pytest.raises(ConfigError, match="max_rollouts_per_harness must be >= 1"):
         _load("job=sft", "trainer=sft", "trainer.max_rollouts_per_harness=0")
+    with pytest.raises(ConfigError, match=r"rollout_slices.pi=\[24, 24\] is not a slice.*Fix"):
+        _load("job=sft", "trainer=sft", "+trainer.rollout_slices.pi=[24,24]")
+    with pytest.raises(ConfigError, match="names 'codex', which is not among this run's harnesses"):
+        _load("job=sft", "trainer=sft", "+trainer.rollout_slices.codex=[0,4]")
 
 
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
@@ -111,6 +129,9 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
 
     run = _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
     with pytest.raises(ValueError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
+        run_mini_repro(run)
+    run = _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24")
+    with pytest.raises(ValueError, match="teacher_tasks=24 leaves the base no pi rollouts.*Fix"):
         run_mini_repro(run)
     assert not (tmp_path / "teacher").exists()  # refused before any stage ran
 
