@@ -432,6 +432,9 @@ class MiniReproSpec:
     base's learning rate: it fell below its base in every run."""
     sft_mix_epochs: float = 1.0
     sft_mix_learning_rate: float = 3.0e-4
+    """A tenth of the base's: one more epoch at 3e-3 undid part of the base (runs B-K); at 3e-4 the
+    same data lifted run J's base from 0.32 to 0.45 overall (experiments/mini_repro/, "The SFT
+    baseline's learning rate")."""
     base_epochs: float = 2.0
     sft_learning_rate: float = 3.0e-3
     sft_gradient_accumulation: int = 2

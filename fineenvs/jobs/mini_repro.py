@@ -14,7 +14,7 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
              ``base_mix_tasks`` of each other harness with ``base_sees_mix``), less the first
              ``sft_mix_tasks`` of every harness, which are the SFT baseline's;
 ``rl_one``   GRPO from the base in ``base_harness`` alone;
-``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, rotation);
+``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, shuffled);
 ``sft_mix``  SFT from the base on the held-out teacher rollouts across ``harnesses``;
 ``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
