@@ -332,9 +332,9 @@ class SFTSpec:
     """job=sft: per harness, ``[start, stop]`` or ``[start]`` (to the end): train on that slice of the
     harness's kept rollouts in task-id order (``{pi: [24], opencode: [0, 24]}``: Pi's from the 25th
     on, OpenCode's first 24; on the command line one key at a time, ``+trainer.rollout_slices.pi=[24]``);
-    a harness not named keeps all. Lets
-    two trainings split one collection, e.g. the mini-reproduction's SFT-on-the-mix baseline on
-    rollouts its base never saw. Applied before ``max_rollouts_per_harness``."""
+    a harness not named keeps all. Lets two trainings split one collection, e.g. the
+    mini-reproduction's SFT-on-the-mix baseline on rollouts its base never saw. Applied before
+    ``max_rollouts_per_harness``."""
     max_rollouts_per_harness: int | None = None
     """job=sft: at most this many kept rollouts per harness (the first by task id); None keeps all."""
     merge_turns: bool = False
@@ -631,7 +631,7 @@ def _check_trainer(run: RunConfig) -> list[str]:
                     f"trainer.rollout_slices.{harness}={list(bounds)} is not a slice: it must be [start, stop] "
                     "with 0 <= start < stop (rollouts in task-id order, stop excluded), or [start] for all "
                     "from start on. "
-                    f"Fix: e.g. trainer.rollout_slices.{harness}=[0,24]"
+                    f"Fix: e.g. +trainer.rollout_slices.{harness}=[0,24]"
                 )
             if run.harness and harness not in run.harness:
                 out.append(
