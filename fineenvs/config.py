@@ -429,7 +429,9 @@ class MiniReproSpec:
     learns from rollouts its starting point never saw, as the published SFT baseline does (the
     teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks in each other harness). Held out only
     when the ``sft_mix`` stage runs. Runs B-K trained it on rollouts the base had seen, at the
-    base's learning rate: it fell below its base in every run."""
+    base's learning rate: it fell below its base in every run. Holding out the base harness's
+    share looks costly to the base (two bases each way: 0.21-0.22 overall with, 0.33-0.38 without;
+    experiments/mini_repro/, run L)."""
     sft_mix_epochs: float = 1.0
     sft_mix_learning_rate: float = 3.0e-4
     """A tenth of the base's: one more epoch at 3e-3 undid part of the base (runs B-K); at 3e-4 the
