@@ -425,13 +425,18 @@ class MiniReproSpec:
     nothing outside the base harness, so RL across the mix has signal in one harness only."""
     sft_mix_tasks: int = 24
     """Teacher rollouts per harness of the SFT-on-the-mix baseline (``sft_mix``): those of the first
-    ``sft_mix_tasks`` training tasks of every harness, held out of the base's data, so the baseline
-    learns from rollouts its starting point never saw, as the published SFT baseline does (the
-    teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks in each other harness). Held out only
-    when the ``sft_mix`` stage runs. Runs B-K trained it on rollouts the base had seen, at the
-    base's learning rate: it fell below its base in every run. Holding out the base harness's
-    share looks costly to the base (two bases each way: 0.21-0.22 overall with, 0.33-0.38 without;
-    experiments/mini_repro/, run L)."""
+    ``sft_mix_tasks`` training tasks of every harness. In the other harnesses of the mix they are
+    held out of the base's data, so the baseline learns from rollouts its starting point never saw,
+    as the published SFT baseline does (the teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks
+    there); in the base harness see ``hold_out_base_harness``. Held out only when the ``sft_mix``
+    stage runs. Runs B-K trained it on rollouts the base had seen, at the base's learning rate: it
+    fell below its base in every run."""
+    hold_out_base_harness: bool = False
+    """Hold the base harness's ``sft_mix_tasks`` rollouts out of the base too (run L's recipe). Off:
+    the base trains on all of them and the SFT baseline's base-harness share is rollouts the base
+    saw. Holding them out looked costly to the base (two bases each way: 0.21-0.22 overall with,
+    0.33-0.38 without; experiments/mini_repro/, run L), and RL in the base harness alone then did
+    not lift it."""
     sft_mix_epochs: float = 1.0
     sft_mix_learning_rate: float = 3.0e-4
     """A tenth of the base's: one more epoch at 3e-3 undid part of the base (runs B-K); at 3e-4 the

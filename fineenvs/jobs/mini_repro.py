@@ -11,11 +11,12 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
              training split: every task in ``base_harness``, ``sft_mix_tasks + base_mix_tasks`` in
              the others;
 ``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts (plus
-             ``base_mix_tasks`` of each other harness with ``base_sees_mix``), less the first
-             ``sft_mix_tasks`` of every harness, which are the SFT baseline's;
+             ``base_mix_tasks`` of each other harness with ``base_sees_mix``, after their first
+             ``sft_mix_tasks``, which are held out for the SFT baseline);
 ``rl_one``   GRPO from the base in ``base_harness`` alone;
 ``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, shuffled);
-``sft_mix``  SFT from the base on the held-out teacher rollouts across ``harnesses``;
+``sft_mix``  SFT from the base on the teacher's rollouts of the first ``sft_mix_tasks`` training
+             tasks of every harness (held out of the base outside ``base_harness``);
 ``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
 
@@ -122,10 +123,11 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
     """The ``fineenvs.run`` override lists of each stage (a stage may be several runs)."""
     others = [h for h in m.harnesses if h != m.base_harness]
     teacher = out / "teacher"
-    # The first sft_mix_tasks training tasks of every harness are the SFT baseline's, never the base's.
+    # The first sft_mix_tasks training tasks of every other harness (and of the base harness with
+    # hold_out_base_harness) are the SFT baseline's, never the base's.
     held = m.sft_mix_tasks if "sft_mix" in m.stages else 0
     base_mix = m.base_mix_tasks if m.base_sees_mix else 0
-    base_slices = {m.base_harness: [held]} if held else {}
+    base_slices = {m.base_harness: [held]} if held and m.hold_out_base_harness else {}
     if base_mix:
         base_slices.update({h: [held, held + base_mix] for h in others})
     collect = [
@@ -254,12 +256,19 @@ def run_mini_repro(run: RunConfig) -> float | None:
             "baseline, leave sft_mix out of mini_repro.stages; to train the base on one harness, "
             "mini_repro.base_sees_mix=false)"
         )
-    if "sft_mix" in m.stages and m.teacher_tasks is not None and m.teacher_tasks <= m.sft_mix_tasks:
-        raise ValueError(
-            f"mini_repro.teacher_tasks={m.teacher_tasks} leaves the base no {m.base_harness} rollouts: the first "
-            f"sft_mix_tasks={m.sft_mix_tasks} are held out for the sft_mix stage. Fix: teacher_tasks above "
-            "sft_mix_tasks, or null (the whole train split)"
-        )
+    if "sft_mix" in m.stages and m.teacher_tasks is not None:
+        if m.hold_out_base_harness and m.teacher_tasks <= m.sft_mix_tasks:
+            raise ValueError(
+                f"mini_repro.teacher_tasks={m.teacher_tasks} leaves the base no {m.base_harness} rollouts: the "
+                f"first sft_mix_tasks={m.sft_mix_tasks} are held out for the sft_mix stage "
+                "(hold_out_base_harness). Fix: teacher_tasks above sft_mix_tasks, or null (the whole train split)"
+            )
+        if m.teacher_tasks < m.sft_mix_tasks:
+            raise ValueError(
+                f"mini_repro.teacher_tasks={m.teacher_tasks} is below sft_mix_tasks={m.sft_mix_tasks}: the sft_mix "
+                f"stage trains on the teacher's first {m.sft_mix_tasks} {m.base_harness} rollouts. Fix: "
+                "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
+            )
     if m.base_harness not in m.harnesses:
         raise ValueError(
             f"mini_repro.base_harness={m.base_harness} is not in mini_repro.harnesses={m.harnesses}: the base "

@@ -52,10 +52,15 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     (b,) = runs["base"]
     assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
     # The base's data: every Pi rollout and the few of each other harness (base_sees_mix) but the
-    # first 24 of every harness, which are sft_mix's; one example per rollout, in the student the
-    # recipe is sized for, agents in the bwrap sandbox.
+    # first 24 of the other harnesses, which are sft_mix's; one example per rollout, in the student
+    # the recipe is sized for, agents in the bwrap sandbox.
     assert list(b.harness) == ["pi", "mini_swe_agent", "opencode"] and b.trainer.merge_turns
-    assert b.trainer.rollout_slices == {"pi": [24], "mini_swe_agent": [24, 48], "opencode": [24, 48]}
+    assert b.trainer.rollout_slices == {"mini_swe_agent": [24, 48], "opencode": [24, 48]}
+    (b_l,) = [  # run L's recipe: Pi's first 24 held out of the base too
+        _load(*o, f"output_dir={tmp_path / 'bl'}")
+        for o in stage_commands(replace(run.mini_repro, hold_out_base_harness=True), tmp_path, ckpts)["base"]
+    ]
+    assert b_l.trainer.rollout_slices == {"pi": [24], "mini_swe_agent": [24, 48], "opencode": [24, 48]}
     assert b.trainer.teacher_dir == str(tmp_path / "teacher") and b.model.name == "tiny_agent"
     assert all(r.scheduler.sandbox.value == "bwrap" for rs in runs.values() for r in rs)
     (b_one,) = [
@@ -130,8 +135,13 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
     run = _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
     with pytest.raises(ValueError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
         run_mini_repro(run)
-    run = _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24")
+    run = _load(
+        f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24", "mini_repro.hold_out_base_harness=true"
+    )
     with pytest.raises(ValueError, match="teacher_tasks=24 leaves the base no pi rollouts.*Fix"):
+        run_mini_repro(run)
+    run = _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=12")
+    with pytest.raises(ValueError, match="teacher_tasks=12 is below sft_mix_tasks=24.*Fix"):
         run_mini_repro(run)
     assert not (tmp_path / "teacher").exists()  # refused before any stage ran
 
