@@ -468,7 +468,8 @@ class MiniReproSpec:
     eval_tasks_during_training: int = 12
     """Held-out tasks per harness in each in-training evaluation."""
     overrides: list[str] = field(default_factory=list)
-    """Extra Hydra overrides given to every stage (e.g. ``[sampling.temperature=1.0]``)."""
+    """Extra Hydra overrides given to every stage, after the recipe's ``seed`` (on the command line
+    quoted: ``mini_repro.overrides=['sampling.temperature=1.0']``)."""
 
 
 @dataclass

@@ -20,7 +20,9 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 ``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
 
-A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same ``output_dir`` resumes.
+Every stage gets the recipe's ``seed`` (the base's initialisation and data order, RL's sampling
+and harness order). A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same
+``output_dir`` resumes.
 """
 
 from __future__ import annotations
@@ -186,6 +188,13 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
     return commands
 
 
+def stage_extra(run: RunConfig) -> list[str]:
+    """Overrides every stage gets after its own: this run's seed (the stages are runs of their own,
+    which would otherwise start from the default seed: ``seed=1`` on the recipe's command line would
+    change nothing), then ``mini_repro.overrides``."""
+    return [f"seed={run.seed}", *run.mini_repro.overrides]
+
+
 def _stage_checkpoint(stage_dir: Path) -> Path | None:
     summary = stage_dir / "summary.json"
     if summary.is_file():
@@ -292,7 +301,7 @@ def run_mini_repro(run: RunConfig) -> float | None:
                     f"stage {stage} needs the base checkpoint (stage base) first: add base to mini_repro.stages"
                 )
             print(f"mini_repro: {stage} ... (log: {out / (stage + '.log')})", flush=True)
-            seconds = _run_stage(stage, runs, out, list(m.overrides))
+            seconds = _run_stage(stage, runs, out, stage_extra(run))
             print(f"mini_repro: {stage} done in {seconds:.0f}s", flush=True)
         if stage in CHECKPOINT_STAGES:
             ckpt = _stage_checkpoint(stage_dir)

@@ -129,6 +129,28 @@ def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
         _load("job=sft", "trainer=sft", "+trainer.rollout_slices.codex=[0,4]")
 
 
+def test_the_recipes_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fineenvs.jobs import mini_repro
+
+    extras: list[list[str]] = []
+
+    def fake_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) -> float:
+        extras.append(extra)
+        stage = [_load(*o, *extra, f"output_dir={out / name}") for o in runs]
+        assert {r.seed for r in stage} == {3} and {r.sampling.temperature for r in stage} == {0.5}
+        return 1.0
+
+    monkeypatch.setattr(mini_repro, "_run_stage", fake_stage)
+    run = _load(
+        f"output_dir={tmp_path}",
+        "seed=3",
+        "mini_repro.stages=[teacher]",
+        "mini_repro.overrides=['sampling.temperature=0.5']",
+    )
+    mini_repro.run_mini_repro(run)
+    assert extras == [["seed=3", "sampling.temperature=0.5"]]
+
+
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
     from fineenvs.jobs.mini_repro import run_mini_repro
 
