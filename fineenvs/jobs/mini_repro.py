@@ -20,8 +20,8 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 ``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
 
-Every stage gets the recipe's ``seed`` (the base's initialisation and data order, RL's sampling
-and harness order). A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same
+Every stage gets the recipe's ``seed`` (the SFT stages' data order, the engine's sampling; the
+student's initial weights are ``model.seed``'s, RL's task and harness order ``scheduler.seed``'s). A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same
 ``output_dir`` resumes.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 from fineenvs.config import MiniReproSpec, RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
-from fineenvs.results import deciding_attempts, paired, read_attempts, wilson
+from fineenvs.results import deciding_attempts, paired, read_attempts, sign_test_p, wilson
 
 STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
@@ -420,24 +420,34 @@ PAIRS = (
 )  # fmt: skip
 
 
-def _paired_table(out: Path, r: dict[str, Any]) -> list[str]:
-    """Paired comparisons on the evaluation's cells, from its attempt records."""
+def _paired_counts(out: Path, r: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """``PAIRS`` on one evaluation's cells, from its attempt records (``results.paired``)."""
     harnesses = r["harnesses"]
     attempts = [a for a in read_attempts(out / "eval" / "eval" / "attempts.jsonl") if a.harness in harnesses]
     finals = deciding_attempts(attempts)
     by_stage = {_stage_label(out, key): finals.get(key, {}) for key in r["checkpoints"]}
     task_ids = sorted({a.task_id for a in attempts})
-    lines = [
+    return {
+        (a, b): paired(by_stage[b], by_stage[a], task_ids, harnesses)
+        for a, b in PAIRS
+        if a in by_stage and b in by_stage
+    }
+
+
+def _paired_header(harnesses: list[str], extra: str = "") -> list[str]:
+    return [
         "",
         "Paired (cells the first checkpoint solved and the second did not: won / lost; one-sided exact sign test):",
         "",
-        "| comparison | " + " | ".join(harnesses) + " | all |",
-        "|---" * (len(harnesses) + 2) + "|",
+        "| comparison | " + " | ".join(harnesses) + " | all |" + extra,
+        "|---" * (len(harnesses) + 2 + bool(extra)) + "|",
     ]
-    for a, b in PAIRS:
-        if a not in by_stage or b not in by_stage:
-            continue
-        d = paired(by_stage[b], by_stage[a], task_ids, harnesses)
+
+
+def _paired_table(out: Path, r: dict[str, Any]) -> list[str]:
+    harnesses = r["harnesses"]
+    lines = _paired_header(harnesses)
+    for (a, b), d in _paired_counts(out, r).items():
         cells = [_won_lost(d["per_harness"][h]) for h in harnesses] + [_won_lost(d)]
         lines.append(f"| {a} vs {b} | " + " | ".join(cells) + " |")
     return lines
@@ -447,7 +457,103 @@ def _won_lost(d: dict[str, Any]) -> str:
     return f"{d['won']} / {d['lost']}" + (f" (p = {d['p']:.2g})" if d["won"] > d["lost"] else "")
 
 
+def _count(won: int, lost: int) -> dict[str, Any]:
+    return {"won": won, "lost": lost, "p": sign_test_p(won, lost)}
+
+
+def pooled_table(outs: list[Path]) -> str:
+    """Several recipe runs (a seed sweep) pooled: pass@1 per checkpoint × harness over every run's
+    cells, the paired comparisons summed over runs with one sign test on the sums, and in how many
+    runs each comparison was a gain at p < 0.05 on its own. Runs differ in their base, so the
+    pooled intervals (over tasks × runs) leave out the variation between runs that the last column
+    shows."""
+    runs = [(o, json.loads((o / "eval" / "eval" / "results.json").read_text())) for o in outs]
+    if not runs:
+        return "No recipe run with an evaluation here yet.\n"
+    harnesses = list(runs[0][1]["harnesses"])
+    solved: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    pairs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    co: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # cells, base calls, calls
+    for out, r in runs:
+        if list(r["harnesses"]) != harnesses:
+            raise ValueError(
+                f"{out} evaluated {r['harnesses']}, the first run {harnesses}: runs of one sweep pool only "
+                "over the same harnesses. Fix: pool the runs of one configuration"
+            )
+        for key in r["checkpoints"]:
+            for h in harnesses:
+                cell = solved[_stage_label(out, key)][h]
+                cell[0] += r["cells"][key][h]["solved"]
+                cell[1] += r["tasks"]
+        for pair, d in _paired_counts(out, r).items():
+            pairs[pair].append(d)
+        for pair, detail in r.get("co_solved", {}).items():
+            if detail.get("mean_tool_calls") is None:
+                continue
+            n, c = detail["cells"], co[_stage_label(out, pair.split(" vs ")[0])]
+            c[0] += n
+            c[1] += n * detail["mean_tool_calls_base"]
+            c[2] += n * detail["mean_tool_calls"]
+    lines = [
+        f"{len(runs)} runs pooled ({', '.join(o.name for o, _ in runs)}); pass@1 over every run's held-out "
+        "cells (95% Wilson interval over tasks × runs):",
+        "",
+        "| checkpoint | " + " | ".join(harnesses) + " | all |",
+        "|---" * (len(harnesses) + 2) + "|",
+    ]
+    for stage, by_harness in solved.items():
+        row = []
+        for h in [*harnesses, None]:
+            k, n = (
+                by_harness[h]
+                if h
+                else [sum(by_harness[x][0] for x in harnesses), sum(by_harness[x][1] for x in harnesses)]
+            )
+            lo, hi = wilson(k, n)
+            row.append(f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]" if n else "-")
+        lines.append(f"| {stage} | " + " | ".join(row) + " |")
+    lines += _paired_header(harnesses, " runs with a gain at p < 0.05 |")
+    for (a, b), ds in pairs.items():
+        cells = [
+            _won_lost(
+                _count(
+                    sum(d["per_harness"][h]["won"] for d in ds), sum(d["per_harness"][h]["lost"] for d in ds)
+                )
+            )
+            for h in harnesses
+        ]
+        total = _count(sum(d["won"] for d in ds), sum(d["lost"] for d in ds))
+        gains = sum(d["won"] > d["lost"] and d["p"] < 0.05 for d in ds)
+        lines.append(
+            f"| {a} vs {b} | " + " | ".join(cells) + f" | {_won_lost(total)} | {gains} of {len(ds)} |"
+        )
+    lines += ["", "Tool calls on co-solved cells (against the base, pooled):", ""]
+    for stage, (n, base_calls, calls) in co.items():
+        if n:
+            lines.append(
+                f"- {stage} vs base: {n:.0f} cells, {base_calls / n:.2f} → {calls / n:.2f} tool calls "
+                f"({(calls - base_calls) / base_calls * 100:+.0f}%)"
+            )
+    times = []
+    for out, _ in runs:
+        done = [out / stage / DONE for stage in STAGES]
+        seconds = sum(json.loads(p.read_text())["seconds"] for p in done if p.is_file())
+        times.append(f"{out.name} {seconds / 60:.0f} min")
+    lines += ["", "Wall time per run (its stages): " + ", ".join(times)]
+    return "\n".join(lines) + "\n"
+
+
+def sweep_runs(sweep: Path) -> list[Path]:
+    """The recipe runs of a Hydra multirun directory that have an evaluation, in job order."""
+    found = [p.parent.parent.parent for p in sweep.glob("*/eval/eval/results.json")]
+    return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+
+
 def write_report(out: Path, m: MiniReproSpec) -> Path:
     (out / "mini_repro.md").write_text(summary_table(out), encoding="utf-8")
+    # A job of a sweep (Hydra writes multirun.yaml into the sweep directory) also pools the sweep's
+    # runs so far: the seed-to-seed variation is what one run's table cannot show.
+    if (out.parent / "multirun.yaml").is_file():
+        (out.parent / "mini_repro.md").write_text(pooled_table(sweep_runs(out.parent)), encoding="utf-8")
     subprocess.run([sys.executable, "-m", "fineenvs.report", str(out)], check=False)
     return out / "report"
