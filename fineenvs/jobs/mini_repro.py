@@ -37,6 +37,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from fineenvs.config import MiniReproSpec, RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
@@ -242,8 +244,23 @@ def _run_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) ->
                     + "\nFix the cause and rerun the same command: finished stages are skipped."
                 )
     seconds = time.monotonic() - started
-    (stage_dir / DONE).write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
+    done = {"seconds": round(seconds, 1), "runs": runs, "extra": extra}
+    (stage_dir / DONE).write_text(json.dumps(done) + "\n")
     return seconds
+
+
+def _check_reuse(name: str, stage_dir: Path, runs: list[list[str]] | None, extra: list[str]) -> None:
+    """A finished stage is reused only by a run that would run it the same way (``STAGE_DONE``
+    records its commands and the seed; files from before that recorded nothing and are reused)."""
+    done = json.loads((stage_dir / DONE).read_text())
+    for key, wanted in (("extra", extra), ("runs", runs)):
+        if key in done and wanted is not None and done[key] != wanted:
+            raise StageFailed(
+                f"stage {name} in {stage_dir} was finished with other settings: {done[key]}, where this run "
+                f"asks for {wanted}. Reusing it would mix two configurations (another seed, say) in one "
+                "result. Fix: another output_dir for these settings (a sweep gives each job its own "
+                "folder), or rerun with the settings that finished it to resume"
+            )
 
 
 def run_mini_repro(run: RunConfig) -> float | None:
@@ -283,25 +300,34 @@ def run_mini_repro(run: RunConfig) -> float | None:
             f"mini_repro.base_harness={m.base_harness} is not in mini_repro.harnesses={m.harnesses}: the base "
             "is evaluated in every harness of the mix. Fix: add it to mini_repro.harnesses"
         )
+    seeded = [o for o in m.overrides if o.split("=", 1)[0].lstrip("+~") == "seed"]
+    if seeded:
+        raise ValueError(
+            f"mini_repro.overrides has {seeded}: the recipe's own seed goes to every stage, and an override "
+            "after it would win silently (in a seed sweep, every job would run at that one seed). "
+            "Fix: seed=<n> on the recipe's command line"
+        )
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     checkpoints: dict[str, Path] = {}
+    extra = stage_extra(run)
     for stage in m.stages:
         stage_dir = out / stage
+        runs = stage_commands(m, out, checkpoints).get(stage)
         if stage != "report" and (stage_dir / DONE).is_file():
+            _check_reuse(stage, stage_dir, runs, extra)
             print(f"mini_repro: {stage} already done ({stage_dir})", flush=True)
         elif stage == "report":
             report_dir = write_report(out, m)
             print(f"mini_repro: report in {report_dir}", flush=True)
         else:
-            runs = stage_commands(m, out, checkpoints).get(stage)
             if runs is None:
                 raise StageFailed(
                     f"stage {stage} needs the base checkpoint (stage base) first: add base to mini_repro.stages"
                 )
             print(f"mini_repro: {stage} ... (log: {out / (stage + '.log')})", flush=True)
-            seconds = _run_stage(stage, runs, out, stage_extra(run))
+            seconds = _run_stage(stage, runs, out, extra)
             print(f"mini_repro: {stage} done in {seconds:.0f}s", flush=True)
         if stage in CHECKPOINT_STAGES:
             ckpt = _stage_checkpoint(stage_dir)
@@ -461,45 +487,56 @@ def _count(won: int, lost: int) -> dict[str, Any]:
     return {"won": won, "lost": lost, "p": sign_test_p(won, lost)}
 
 
+def _run_seed(out: Path) -> str:
+    """The seed a recipe run's evaluation ran at, from its ``STAGE_DONE``."""
+    done = out / "eval" / DONE
+    extra = json.loads(done.read_text()).get("extra", []) if done.is_file() else []
+    return next((o.split("=", 1)[1] for o in extra if o.startswith("seed=")), "?")
+
+
 def pooled_table(outs: list[Path]) -> str:
-    """Several recipe runs (a seed sweep) pooled: pass@1 per checkpoint × harness over every run's
-    cells, the paired comparisons summed over runs with one sign test on the sums, and in how many
-    runs each comparison was a gain at p < 0.05 on its own. Runs differ in their base, so the
-    pooled intervals (over tasks × runs) leave out the variation between runs that the last column
-    shows."""
+    """Several recipe runs of one configuration (a seed sweep) pooled: pass@1 per checkpoint ×
+    harness over every run's cells, the paired comparisons summed over runs with one sign test on
+    the sums, and each run's own count. Every run is evaluated on the same held-out tasks, so the
+    pooled interval and test (which take tasks × runs as independent) overstate what several runs
+    show when they agree because of the tasks; the per-run column is the reading with the run as
+    its unit."""
     runs = [(o, json.loads((o / "eval" / "eval" / "results.json").read_text())) for o in outs]
     if not runs:
-        return "No recipe run with an evaluation here yet.\n"
+        return "No recipe run with a finished evaluation here yet.\n"
     harnesses = list(runs[0][1]["harnesses"])
     solved: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    runs_of: dict[str, int] = defaultdict(int)
     pairs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     co: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # cells, base calls, calls
     for out, r in runs:
         if list(r["harnesses"]) != harnesses:
             raise ValueError(
-                f"{out} evaluated {r['harnesses']}, the first run {harnesses}: runs of one sweep pool only "
-                "over the same harnesses. Fix: pool the runs of one configuration"
+                f"{out} evaluated {r['harnesses']}, {runs[0][0]} {harnesses}: runs pool only over the same "
+                "harnesses. Fix: pool the runs of one configuration"
             )
         for key in r["checkpoints"]:
+            stage = _stage_label(out, key)
+            runs_of[stage] += 1
             for h in harnesses:
-                cell = solved[_stage_label(out, key)][h]
-                cell[0] += r["cells"][key][h]["solved"]
-                cell[1] += r["tasks"]
+                solved[stage][h][0] += r["cells"][key][h]["solved"]
+                solved[stage][h][1] += r["tasks"]
         for pair, d in _paired_counts(out, r).items():
             pairs[pair].append(d)
         for pair, detail in r.get("co_solved", {}).items():
-            if detail.get("mean_tool_calls") is None:
+            if detail.get("mean_tool_calls") is None or detail.get("mean_tool_calls_base") is None:
                 continue
             n, c = detail["cells"], co[_stage_label(out, pair.split(" vs ")[0])]
             c[0] += n
             c[1] += n * detail["mean_tool_calls_base"]
             c[2] += n * detail["mean_tool_calls"]
+    names = ", ".join(f"{o.name}: seed {_run_seed(o)}" for o, _ in runs)
     lines = [
-        f"{len(runs)} runs pooled ({', '.join(o.name for o, _ in runs)}); pass@1 over every run's held-out "
-        "cells (95% Wilson interval over tasks × runs):",
+        f"{len(runs)} runs pooled ({names}); pass@1 over every run's held-out cells (95% Wilson interval "
+        "over tasks × runs; every run has the same tasks, so it is narrower than the runs' spread):",
         "",
-        "| checkpoint | " + " | ".join(harnesses) + " | all |",
-        "|---" * (len(harnesses) + 2) + "|",
+        "| checkpoint | " + " | ".join(harnesses) + " | all | runs |",
+        "|---" * (len(harnesses) + 3) + "|",
     ]
     for stage, by_harness in solved.items():
         row = []
@@ -511,8 +548,8 @@ def pooled_table(outs: list[Path]) -> str:
             )
             lo, hi = wilson(k, n)
             row.append(f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]" if n else "-")
-        lines.append(f"| {stage} | " + " | ".join(row) + " |")
-    lines += _paired_header(harnesses, " runs with a gain at p < 0.05 |")
+        lines.append(f"| {stage} | " + " | ".join(row) + f" | {runs_of[stage]} |")
+    lines += _paired_header(harnesses, " each run, all harnesses (* p < 0.05) |")
     for (a, b), ds in pairs.items():
         cells = [
             _won_lost(
@@ -523,13 +560,13 @@ def pooled_table(outs: list[Path]) -> str:
             for h in harnesses
         ]
         total = _count(sum(d["won"] for d in ds), sum(d["lost"] for d in ds))
-        gains = sum(d["won"] > d["lost"] and d["p"] < 0.05 for d in ds)
-        lines.append(
-            f"| {a} vs {b} | " + " | ".join(cells) + f" | {_won_lost(total)} | {gains} of {len(ds)} |"
+        each = ", ".join(
+            f"{d['won']} / {d['lost']}" + ("*" if d["won"] > d["lost"] and d["p"] < 0.05 else "") for d in ds
         )
+        lines.append(f"| {a} vs {b} | " + " | ".join(cells) + f" | {_won_lost(total)} | {each} |")
     lines += ["", "Tool calls on co-solved cells (against the base, pooled):", ""]
     for stage, (n, base_calls, calls) in co.items():
-        if n:
+        if n and base_calls:
             lines.append(
                 f"- {stage} vs base: {n:.0f} cells, {base_calls / n:.2f} → {calls / n:.2f} tool calls "
                 f"({(calls - base_calls) / base_calls * 100:+.0f}%)"
@@ -543,17 +580,44 @@ def pooled_table(outs: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sweep_runs(sweep: Path) -> list[Path]:
-    """The recipe runs of a Hydra multirun directory that have an evaluation, in job order."""
-    found = [p.parent.parent.parent for p in sweep.glob("*/eval/eval/results.json")]
+def _job_overrides(job: Path) -> list[str] | None:
+    """A sweep job's command-line overrides (Hydra's ``.hydra/overrides.yaml``) less its seed."""
+    path = job / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    listed = OmegaConf.to_container(OmegaConf.load(path))
+    return sorted(
+        str(o) for o in (listed if isinstance(listed, list) else []) if not str(o).startswith("seed=")
+    )
+
+
+def sweep_runs(sweep: Path, like: Path | None = None) -> list[Path]:
+    """The recipe runs of a Hydra multirun directory whose evaluation finished, in job order; with
+    ``like``, only those whose overrides differ from ``like``'s in the seed alone (a sweep over
+    other settings is not pooled as if its runs were repeats)."""
+    found = [
+        p.parent.parent
+        for p in sweep.glob(f"*/eval/{DONE}")
+        if (p.parent / "eval" / "results.json").is_file()
+    ]
+    if like is not None:
+        found = [p for p in found if _job_overrides(p) == _job_overrides(like)]
     return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
 
 
 def write_report(out: Path, m: MiniReproSpec) -> Path:
     (out / "mini_repro.md").write_text(summary_table(out), encoding="utf-8")
-    # A job of a sweep (Hydra writes multirun.yaml into the sweep directory) also pools the sweep's
-    # runs so far: the seed-to-seed variation is what one run's table cannot show.
-    if (out.parent / "multirun.yaml").is_file():
-        (out.parent / "mini_repro.md").write_text(pooled_table(sweep_runs(out.parent)), encoding="utf-8")
     subprocess.run([sys.executable, "-m", "fineenvs.report", str(out)], check=False)
+    # A job of a sweep (Hydra writes multirun.yaml into the sweep directory) also pools the sweep's
+    # runs so far: the seed-to-seed variation is what one run's table cannot show. A failure here
+    # must not fail the hour-long run whose own report is written.
+    sweep = out.parent
+    if (sweep / "multirun.yaml").is_file():
+        try:
+            (sweep / "mini_repro.md").write_text(pooled_table(sweep_runs(sweep, like=out)), encoding="utf-8")
+        except (OSError, ValueError, KeyError) as err:
+            print(
+                f"mini_repro: could not pool the sweep's runs into {sweep / 'mini_repro.md'}: {err}",
+                flush=True,
+            )
     return out / "report"

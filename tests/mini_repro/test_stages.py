@@ -149,6 +149,29 @@ def test_the_recipes_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytes
     )
     mini_repro.run_mini_repro(run)
     assert extras == [["seed=3", "sampling.temperature=0.5"]]
+    with pytest.raises(ValueError, match=r"mini_repro.overrides has \['seed=5'\].*Fix: seed=<n>"):
+        mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "mini_repro.overrides=['seed=5']"))
+
+
+def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_path: Path) -> None:
+    from fineenvs.jobs import mini_repro
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    run = _load(f"output_dir={tmp_path}", "seed=0", "mini_repro.stages=[teacher]")
+    runs = stage_commands(run.mini_repro, tmp_path, {})["teacher"]
+    (teacher / mini_repro.DONE).write_text(json.dumps({"seconds": 1.0, "runs": runs, "extra": ["seed=0"]}))
+    mini_repro.run_mini_repro(run)  # the same settings: resumed, nothing run
+    with pytest.raises(
+        mini_repro.StageFailed, match=r"finished with other settings: \['seed=0'\].*\['seed=1'\].*Fix"
+    ):
+        mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "seed=1", "mini_repro.stages=[teacher]"))
+    with pytest.raises(mini_repro.StageFailed, match="tasks.limit=30"):  # another teacher command
+        mini_repro.run_mini_repro(
+            _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=30", "mini_repro.stages=[teacher]")
+        )
+    (teacher / mini_repro.DONE).write_text(json.dumps({"seconds": 1.0}))  # written before it recorded them
+    mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "seed=1", "mini_repro.stages=[teacher]"))
 
 
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
