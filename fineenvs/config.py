@@ -435,7 +435,8 @@ class MiniReproSpec:
     """Hold the base harness's ``sft_mix_tasks`` rollouts out of the base too (run L's recipe). Off:
     the base trains on all of them and the SFT baseline's base-harness share is rollouts the base
     saw. Holding them out looked costly to the base (0.21-0.22 overall in two bases with it,
-    0.33-0.38 in three without; experiments/mini_repro/, runs L and M)."""
+    0.26-0.38 in four without; experiments/mini_repro/, runs L to N), though the bases' spread
+    between seeds is about as wide."""
     sft_mix_epochs: float = 1.0
     sft_mix_learning_rate: float = 3.0e-4
     """A tenth of the base's: one more epoch at 3e-3 undid part of the base (runs B-K); at 3e-4 the
