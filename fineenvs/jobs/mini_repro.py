@@ -21,8 +21,12 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 ``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
 
 Every stage gets the recipe's ``seed`` (the SFT stages' data order, the engine's sampling; the
-student's initial weights are ``model.seed``'s, RL's task and harness order ``scheduler.seed``'s). A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same
-``output_dir`` resumes.
+student's initial weights are ``model.seed``'s, RL's task and harness order ``scheduler.seed``'s).
+A stage whose ``STAGE_DONE`` exists is skipped, so a rerun with the same ``output_dir`` resumes;
+``STAGE_DONE`` records the stage's commands and seed, and a run that would run it otherwise is
+refused rather than handed another configuration's results. In a Hydra multirun
+(``+sweep=mini_repro``: one recipe per seed) each job also pools the sweep's finished runs into
+``<sweep dir>/mini_repro.md``.
 """
 
 from __future__ import annotations
