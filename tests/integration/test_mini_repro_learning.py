@@ -8,8 +8,8 @@ tasks (files, columns and answers never seen in training), and the local report.
 breaks learning anywhere in that loop (records, rows, advantages, the loss, weight sync,
 checkpoints) fails here.
 
-The criterion. Both checkpoints are evaluated once on the same N = 144 held-out tasks (the first
-four of the eval split's six blocks; 48 per question template) at temperature 0.8, so the comparison is paired, and the noise of the evaluation is the
+The criterion. Both checkpoints are evaluated once on the same N = 216 held-out tasks (the eval
+split's six blocks; 72 per question template) at temperature 0.8, so the comparison is paired, and the noise of the evaluation is the
 coin each task's outcome is: under "RL changed nothing", a task solved by one checkpoint and not the
 other is equally likely to go either way. RL must win enough of those that an unchanged policy would
 do as well with probability below 5 % (exact one-sided sign test, McNemar), and held-out pass@1 and
@@ -28,7 +28,11 @@ from 0.005 to 1.6e-9; the weakest, 41 won / 20 lost, also passes on the first 14
 (32 / 16, p = 0.015), which is what the test evaluates since 2026-12-04 (its first two runs so, in
 dry runs of CI: 32 -> 70 of 144, 45 won / 7 lost, p = 3.5e-8, 2,245 s; then, with the agents on the
 pinned Node 24, 48 -> 75, 36 / 9, p = 3.3e-5, 959 s on a fast hour): 144 tasks instead of 216 cut
-the evaluation by a third (~190 s) so that CI fits its 90 minutes on a slow machine. The
+the evaluation by a third (~190 s) so that CI fits its 90 minutes on a slow machine. Back to 216
+since the next run (LT11, 2026-12-04) failed on 144: 56 -> 67, 25 won / 14 lost, p = 0.054. Its
+two checkpoints evaluated again on all 216: 74 -> 102, 46 / 18, p = 3e-4 (on the first 144 of
+that evaluation 34 / 15, p = 0.005): RL had worked, and the 144-task evaluation drew an unlucky
+sample; a third more tasks narrows that noise for ~190 s (CI's last whole run took 41 minutes). The
 slower policy also stops the long tail of steps that draw group after group without signal (49-59
 groups in 12 steps, against 91 at 3e-4).
 """
@@ -53,7 +57,7 @@ from fineenvs.results import sign_test_p
 # slow hour). The limits leave room for a machine ~1.8x slower than the slow hour.
 pytestmark = [pytest.mark.learning, pytest.mark.timeout(4200)]
 
-EVAL_TASKS = 144  # the eval split's first four blocks of 36 (fineenvs/tasks/mini.py)
+EVAL_TASKS = 216  # the eval split's six blocks of 36 (fineenvs/tasks/mini.py)
 ALPHA = 0.05
 RL_STEPS = 12
 RL_ROWS_PER_STEP = 24
