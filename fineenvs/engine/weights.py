@@ -8,15 +8,31 @@ response; vLLM with ``return_weight_versions``), which is how staleness is count
 - ``EmbeddedWeightSync``: the embedded transformers engine. Saves safetensors under the run's
   staging folder and calls ``POST /update_weights_from_path``.
 - ``VLLMReloadWeightSync``: any vLLM started with ``VLLM_SERVER_DEV_MODE=1``. Saves the weights
-  into a directory (vLLM's ``reload_weights(weights_path=...)`` loads ``*.safetensors`` from a
-  local directory; anything else it takes for a Hub id), then ``/pause?mode=keep``,
-  ``/collective_rpc reload_weights``, ``/update_weight_version``, and always ``/resume``.
+  into a new directory (complete, fsynced and checked before it gets its final name: vLLM's
+  ``reload_weights(weights_path=...)`` loads ``*.safetensors`` from a local directory and takes
+  anything else for a Hub id; given a missing folder it answers 500 and its next forward pass
+  kills the worker), then ``/pause?mode=keep``, ``/collective_rpc reload_weights`` with
+  ``weights_path`` by keyword, ``/update_weight_version``, ``/reset_prefix_cache``, and always
+  ``/resume``.
+- ``VLLMFileTransferWeightSync``: vLLM with ``--weight-transfer-config
+  '{"backend":"fineenvs_file"}'`` (the plugin ``install-vllm`` puts into vLLM's environment).
+  vLLM's four weight-transfer routes, as the NCCL backend drives them (``init`` once, then
+  ``start_weight_update``, ``update_weights``, ``finish_weight_update`` with the version), with
+  the tensors in a safetensors file the trainer writes into the transfer directory. Runs on
+  vLLM's CPU build, so the control flow NCCL uses on GPUs runs for real in CI.
 - ``VLLMNcclWeightSync``: vLLM with ``--weight-transfer-config '{"backend":"nccl"}'``. Broadcasts
   tensors GPU to GPU with vLLM 0.33's ``NCCLTrainerWeightTransferEngine``, which drives the HTTP
   routes through our ``VLLMControlPlane``; vLLM's trainer-side modules are imported when the
   first push happens (``fineenvs.engine.vllm_client``: the trainer process then needs CUDA and
-  ``python -m fineenvs.engine install-vllm-client``). The control plane is tested with vLLM's own
-  trainer engine against the stand-in; the NCCL broadcast itself has not run (no GPU here).
+  ``python -m fineenvs.engine install-vllm-client``). The NCCL broadcast itself has not run here
+  (no GPU); its routes are the ones ``VLLMFileTransferWeightSync`` drives on the real server.
+
+After every vLLM push the prefix cache is reset with ``reset_running_requests=true`` while the
+engine is paused: requests frozen mid-generation are preempted and their prompts recomputed with
+the new weights, so no cached prefix computed by older weights is ever served again. Every push
+ends by reading ``/weight_info`` back; a push whose steps answered 200 but whose version did not
+change is an error. A 200 does not prove the weights moved: the parity gate
+(``fineenvs.engine.parity``) checks the engine's logprobs against the trainer's after each push.
 
 Why ``mode=keep``: in ``wait`` (and ``abort``) mode vLLM answers every new request 503 until
 ``/resume``, and draining dozens of long generations takes tens of seconds every step, so agents
@@ -33,8 +49,10 @@ vLLM's IPC and sparse backends.
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,9 +86,13 @@ class WeightSync(Protocol):
     def close(self) -> None: ...
 
 
-def save_safetensors(state_dict: Mapping[str, torch.Tensor], directory: Path) -> Path:
-    """Write ``state_dict`` as ``directory/model.safetensors`` (CPU, contiguous, shared storage split:
-    tied embeddings share memory, which safetensors refuses to serialise twice)."""
+def save_safetensors(
+    state_dict: Mapping[str, torch.Tensor], directory: Path, filename: str = "model.safetensors"
+) -> Path:
+    """Write ``state_dict`` as ``directory/filename`` (CPU, contiguous, shared storage split: tied
+    embeddings share memory, which safetensors refuses to serialise twice). The file is written
+    under a temporary name, fsynced, checked against ``state_dict`` and renamed: a reader never
+    sees a partial file, and a crash leaves none behind under the final name."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -83,11 +105,40 @@ def save_safetensors(state_dict: Mapping[str, torch.Tensor], directory: Path) ->
             t = t.clone()
         seen.add((t.untyped_storage().data_ptr(), int(t.storage_offset())))
         tensors[name] = t
-    path = directory / "model.safetensors"
-    tmp = directory / "model.safetensors.partial"
+    path = directory / filename
+    tmp = directory / (filename + ".partial")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(path)  # a reader never sees a half-written file
+    _fsync(tmp)
+    check_safetensors(tmp, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
+    tmp.replace(path)
+    _fsync(directory)
     return path
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_safetensors(path: Path, expected: Mapping[str, tuple[Any, tuple[int, ...]]]) -> None:
+    """Raise unless ``path`` holds exactly ``expected``'s names with those dtypes and shapes
+    (reads the header only)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        names = set(f.keys())
+        wrong = sorted(
+            n for n in names & set(expected) if tuple(f.get_slice(n).get_shape()) != expected[n][1]
+        )
+    if names != set(expected) or wrong:
+        raise WeightSyncError(
+            f"{path} does not hold the weights just written (missing: {sorted(set(expected) - names)[:5]}, "
+            f"unexpected: {sorted(names - set(expected))[:5]}, other shapes: {wrong[:5]}): the disk or the "
+            "staging folder is faulty. Fix: free space or another engine.staging folder."
+        )
 
 
 def _check(response: httpx.Response, what: str, hint: str = "") -> httpx.Response:
@@ -105,14 +156,15 @@ def _check(response: httpx.Response, what: str, hint: str = "") -> httpx.Respons
 
 
 class _StagedWeights:
-    """Per-version staging folders under ``staging_dir``, keeping the last ``keep`` versions."""
+    """Per-version staging folders (or files) under ``staging_dir``, keeping the last ``keep``."""
 
     def __init__(self, staging_dir: Path, keep: int) -> None:
         self.staging_dir = staging_dir
         self.keep = max(1, keep)
-        self._dirs: list[Path] = []
+        self._paths: list[Path] = []
 
     def stage(self, weights: Weights, version: int) -> Path:
+        """A directory holding ``weights`` as ``model.safetensors`` (a given directory as it is)."""
         if isinstance(weights, Path):
             if not weights.exists():
                 raise FileNotFoundError(f"Checkpoint {weights} does not exist; nothing to push.")
@@ -121,15 +173,48 @@ class _StagedWeights:
                     f"{weights} is a file; engines reload weights from a directory of *.safetensors "
                     f"(vLLM takes anything else for a Hugging Face repo id). Push {weights.parent} instead."
                 )
+            if not any(weights.glob("*.safetensors")):
+                raise ValueError(f"{weights} holds no *.safetensors file: there is nothing to load from it.")
             return weights.resolve()
         directory = (self.staging_dir / f"v{version:06d}").resolve()
-        save_safetensors(weights, directory)
-        self._dirs.append(directory)
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        save_safetensors(weights, partial)
+        shutil.rmtree(directory, ignore_errors=True)
+        partial.rename(directory)  # the folder the engine is told to load is complete
+        _fsync(directory.parent)
+        self._paths.append(directory)
         return directory
 
+    def stage_file(self, weights: Weights, version: int) -> Path:
+        """One ``v<version>.safetensors`` file in ``staging_dir`` (a checkpoint directory's single
+        safetensors file is linked in: transfer backends read only from their own folder)."""
+        path = (self.staging_dir / f"v{version:06d}.safetensors").resolve()
+        if isinstance(weights, Path):
+            files = sorted(self.stage(weights, version).glob("*.safetensors"))
+            if len(files) != 1:
+                raise ValueError(
+                    f"{weights} holds {len(files)} safetensors files; a file transfer sends one. Push the "
+                    "state dict instead (or engine.weight_sync=reload, which loads a sharded checkpoint)."
+                )
+            self.staging_dir.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            try:
+                os.link(files[0], path)
+            except OSError:
+                shutil.copyfile(files[0], path)
+        else:
+            save_safetensors(weights, self.staging_dir.resolve(), path.name)
+        self._paths.append(path)
+        return path
+
     def prune(self) -> None:
-        while len(self._dirs) > self.keep:
-            shutil.rmtree(self._dirs.pop(0), ignore_errors=True)
+        while len(self._paths) > self.keep:
+            old = self._paths.pop(0)
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
 
 class EmbeddedWeightSync:
@@ -160,6 +245,88 @@ class EmbeddedWeightSync:
             self.client.close()
 
 
+class _VLLMServer:
+    """The dev-mode routes every vLLM push uses, and what a failed push reports."""
+
+    def __init__(self, url: str, client: httpx.Client, log_path: Path | None) -> None:
+        self.url = url
+        self.client = client
+        self.log_path = log_path
+
+    def post(self, path: str, what: str, hint: str = "", **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self.client.post(self.url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"{what}: POST {self.url}{path} failed ({exc}).{self._health()}") from exc
+        try:
+            _check(response, what, hint)
+        except WeightSyncError as exc:
+            raise WeightSyncError(f"{exc}{self._health()}") from None
+        try:
+            body: dict[str, Any] = response.json()
+        except ValueError:
+            body = {}
+        return body
+
+    def _health(self) -> str:
+        """What the server's state says about a failed call, for the error message."""
+        try:
+            alive = self.client.get(self.url + "/health", timeout=10.0).status_code == 200
+        except httpx.HTTPError:
+            alive = False
+        if alive:
+            return " The server is still up and serves the previous weights."
+        where = f" Its log: {self.log_path}." if self.log_path else ""
+        return (
+            f" The vLLM server no longer answers /health: it died during the push.{where} The run stops "
+            "here; its last checkpoint is intact, so rerunning the same command resumes from it with a fresh server."
+        )
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Freeze running requests and queue new ones (``mode=keep``); always resume. A failure to
+        resume after an earlier failure does not hide the earlier one."""
+        self.post("/pause", "pause (freeze requests)", params={"mode": PAUSE_MODE})
+        failed = False
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                self.post("/resume", "resume")
+            except WeightSyncError:
+                if not failed:
+                    raise
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix; requests frozen mid-generation are preempted and recomputed
+        with the new weights (``reset_running_requests``), so none is left to hit."""
+        answer = self.post(
+            "/reset_prefix_cache", "reset_prefix_cache", params={"reset_running_requests": "true"}
+        )
+        if answer.get("success") is False:
+            raise WeightSyncError(
+                f"reset_prefix_cache: {self.url} kept its prefix cache (success=false) although running "
+                "requests were preempted: cached prefixes computed by the previous weights would be served. "
+                "Fix: report the vLLM version; engine.enable_prefix_caching=false avoids the cache."
+            )
+
+    def check_version(self, version: int) -> None:
+        try:
+            served = self.client.get(self.url + "/weight_info").json().get("weight_version")
+        except (httpx.HTTPError, ValueError) as exc:
+            raise WeightSyncError(
+                f"weight_info: GET {self.url}/weight_info failed ({exc}).{self._health()}"
+            ) from exc
+        if served != str(version):
+            raise WeightSyncError(
+                f"after pushing version {version}, {self.url}/weight_info reports {served!r}: the update's "
+                "steps answered 200 but the version did not move. Fix: check the server's log."
+            )
+
+
 class VLLMReloadWeightSync:
     """Save a checkpoint and make vLLM reload it from disk (needs ``VLLM_SERVER_DEV_MODE=1``)."""
 
@@ -171,44 +338,131 @@ class VLLMReloadWeightSync:
         client: httpx.Client | None = None,
         keep: int = 1,
         reload_timeout_s: float = 1800.0,
+        log_path: Path | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._staged = _StagedWeights(staging_dir, keep)
         self._own_client = client is None
         self.client = client or httpx.Client(timeout=reload_timeout_s)
+        self.server = _VLLMServer(self.url, self.client, log_path)
 
     def push(self, weights: Weights, version: int) -> int:
         # Write before pausing: saving is the slow part and generation continues meanwhile.
         path = self._staged.stage(weights, version)
-        try:
-            # Inside the try: a pause that failed half-way must still be resumed.
-            _check(
-                self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)"
-            )
+        if not path.is_dir():  # checked again: a missing folder kills vLLM's worker
+            raise WeightSyncError(f"staged weights {path} vanished before the reload; nothing was sent.")
+        with self.server.paused():
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            _check(
-                self.client.post(self.url + "/collective_rpc", json=rpc),
+            self.server.post(
+                "/collective_rpc",
                 "reload_weights",
                 f"the vLLM server must be able to read {path} (same machine or a shared filesystem)",
+                json=rpc,
             )
-            _check(
-                self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
-                "update_weight_version",
+            self.server.post(
+                "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
             )
-        finally:
-            _check(self.client.post(self.url + "/resume"), "resume")
+            self.server.reset_prefix_cache()
+        self.server.check_version(version)
         self._staged.prune()
         return version
 
     def announce(self, version: int) -> None:
-        _check(
-            self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
-            "update_weight_version",
+        self.server.post(
+            "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
         )
 
     def close(self) -> None:
         if self._own_client:
             self.client.close()
+
+
+TRANSFER_BACKEND = "fineenvs_file"
+
+
+class VLLMFileTransferWeightSync:
+    """vLLM's weight-transfer routes with fineenvs' file backend (``fineenvs_vllm_plugin``): the
+    four phases NCCL uses, the tensors in a safetensors file in ``staging_dir``."""
+
+    def __init__(
+        self,
+        url: str,
+        staging_dir: Path,
+        *,
+        client: httpx.Client | None = None,
+        keep: int = 1,
+        timeout_s: float = 1800.0,
+        log_path: Path | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.staging_dir = staging_dir
+        self._staged = _StagedWeights(staging_dir, keep)
+        self._own_client = client is None
+        self.client = client or httpx.Client(timeout=timeout_s)
+        self.server = _VLLMServer(self.url, self.client, log_path)
+        self.control = VLLMControlPlane(self.url, self.client)
+        self._initialised = False
+
+    def _init(self) -> None:
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        hint = (
+            f'start vLLM with --weight-transfer-config \'{{"backend":"{TRANSFER_BACKEND}"}}\' and fineenvs\' '
+            "plugin in its environment (`python -m fineenvs.engine install-vllm` installs it)"
+        )
+        self.server.post(
+            "/init_weight_transfer_engine",
+            "init_weight_transfer_engine",
+            hint,
+            json={"init_info": {"directory": str(self.staging_dir.resolve())}},
+        )
+        self._initialised = True
+
+    def push(self, weights: Weights, version: int) -> int:
+        path = self._staged.stage_file(weights, version)  # written and checked before the pause
+        if not self._initialised:
+            self._init()
+        with self.server.paused():
+            self.server.post("/start_weight_update", "start_weight_update")
+            self.server.post(
+                "/update_weights", "update_weights", json={"update_info": {"path": str(path), "names": None}}
+            )
+            self.server.post(
+                "/finish_weight_update", "finish_weight_update", json={"weight_version": str(version)}
+            )
+            self.server.reset_prefix_cache()
+        self.server.check_version(version)
+        self._staged.prune()
+        return version
+
+    def announce(self, version: int) -> None:
+        self.server.post(
+            "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
+        )
+
+    def close(self) -> None:
+        try:
+            if self._initialised:
+                self.control.shutdown_weight_transfer_engine()
+        except (httpx.HTTPError, WeightSyncError):
+            pass  # the server may already be gone at shutdown
+        finally:
+            if self._own_client:
+                self.client.close()
+
+
+def vllm_weight_sync(
+    mode: str | None, url: str, staging_dir: Path, log_path: Path | None = None
+) -> WeightSync | None:
+    """The weight sync for a vLLM server at ``url`` (``mode``: nccl, file_transfer, reload, None)."""
+    if mode == "nccl":
+        return VLLMNcclWeightSync(url)
+    if mode == "file_transfer":
+        return VLLMFileTransferWeightSync(url, staging_dir, log_path=log_path)
+    if mode == "reload":
+        return VLLMReloadWeightSync(url, staging_dir, log_path=log_path)
+    if mode is None:
+        return None
+    raise ValueError(f"no vLLM weight sync called {mode!r} (nccl, file_transfer, reload)")
 
 
 class VLLMControlPlane:
@@ -364,6 +618,7 @@ class VLLMNcclWeightSync:
         self._own_client = client is None
         self.client = client or httpx.Client(timeout=timeout_s)
         self.control = VLLMControlPlane(self.url, self.client)
+        self.server = _VLLMServer(self.url, self.client, None)
         self.transport = transport or VLLMNcclTransport()
         self._connected = False
 
@@ -387,21 +642,19 @@ class VLLMNcclWeightSync:
             )
         if not self._connected:
             self._connect(weights)
-        try:
-            _check(
-                self.client.post(self.url + "/pause", params={"mode": PAUSE_MODE}), "pause (freeze requests)"
-            )
+        with self.server.paused():
             self.control.pending_version = str(version)
-            self.transport.send(weights)
-        finally:
-            self.control.pending_version = None
-            _check(self.client.post(self.url + "/resume"), "resume")
+            try:
+                self.transport.send(weights)
+            finally:
+                self.control.pending_version = None
+            self.server.reset_prefix_cache()
+        self.server.check_version(version)
         return version
 
     def announce(self, version: int) -> None:
-        _check(
-            self.client.post(self.url + "/update_weight_version", json={"new_version": str(version)}),
-            "update_weight_version",
+        self.server.post(
+            "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
         )
 
     def close(self) -> None:

@@ -91,8 +91,11 @@ def start_engine(
     if served_model_name:
         args = replace(args, served_model_name=served_model_name)
     devices = device_plan(run)
-    args = replace(args, devices=devices.engine, chat_template_dir=out / "engine")
-    print(f"vLLM GPUs: {devices.reason}", flush=True)
+    args = replace(args, devices=devices.engine if devices else None, chat_template_dir=out / "engine")
+    if devices is not None:
+        print(f"vLLM GPUs: {devices.reason}", flush=True)
+    else:
+        print(f"vLLM on the CPU (its CPU build, {args.python or 'vllm from PATH'})", flush=True)
     args = prepare_chat_template(args)  # vLLM refuses to start on a template it cannot open
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
 
@@ -100,18 +103,16 @@ def start_engine(
 def attached_weight_sync(run: RunConfig, url: str, out: Path) -> Any:
     """How the trainer pushes into a server someone else started (``engine.url``)."""
     from fineenvs.config import WeightSyncKind
-    from fineenvs.engine.weights import EmbeddedWeightSync, VLLMNcclWeightSync, VLLMReloadWeightSync
+    from fineenvs.engine.weights import EmbeddedWeightSync, vllm_weight_sync
     from fineenvs.plan import effective_weight_sync
 
     base = url.rstrip("/").removesuffix("/v1")
     sync = effective_weight_sync(run)
-    if sync is WeightSyncKind.reload:
-        return VLLMReloadWeightSync(base, out / "engine" / "weights")
-    if sync is WeightSyncKind.nccl:
-        return VLLMNcclWeightSync(base)
     if sync is WeightSyncKind.http:
         return EmbeddedWeightSync(base, out / "engine" / "weights")
-    return None
+    if sync is WeightSyncKind.none:
+        return None
+    return vllm_weight_sync(sync.value, base, out / "engine" / "weights")
 
 
 def engine_dtype(run: RunConfig) -> str:

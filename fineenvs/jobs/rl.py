@@ -99,7 +99,9 @@ class LoopStats:
     consecutive_empty: int = 0
     weight_pushes: int = 0
     rewards: list[float] = field(default_factory=list)
+    first_ratio: float | None = None
     last_ratio: float | None = None
+    parity: list[float] = field(default_factory=list)  # the gate's mean |engine - trainer|, each check
     exit_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -348,11 +350,37 @@ async def _run_rl(run: RunConfig) -> float:
     # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
     checkpoint_names = sync in (WeightSyncKind.reload, WeightSyncKind.nccl)
 
-    def push_weights(weights_sync: Any) -> None:
+    gate: Any = None  # the engine-trainer parity gate, once the engine runs
+
+    def push_weights(weights_sync: Any) -> dict[str, float]:
+        """Push the trainer's weights, then check the engine serves them (the parity gate);
+        returns the gate's figures. A failed push or check stops the run here, before the next
+        optimizer step, with the checkpoints kept."""
+        from fineenvs.engine.weights import WeightSyncError
+
         # The state dict in the engine's dtype: NCCL broadcasts it, reload and the embedded
         # engine stage it as a safetensors directory. A gather under FSDP: every process joins.
         weights = lock.call("state_dict", dtype, checkpoint_names)
-        weights_sync.push(weights, trainer.policy_version)
+        try:
+            weights_sync.push(weights, trainer.policy_version)
+        except WeightSyncError as err:
+            raise RunAborted(
+                f"pushing the weights of version {trainer.policy_version} to the engine failed: {err}"
+            ) from err
+        return check_parity()
+
+    def check_parity() -> dict[str, float]:
+        from fineenvs.engine.parity import ParityError
+
+        if gate is None:
+            return {}
+        try:
+            check = gate.check(trainer.policy_version, lambda seqs: lock.call("sequence_logprobs", seqs))
+        except ParityError as err:
+            raise RunAborted(str(err)) from err
+        print(check.line(), flush=True)
+        stats.parity.append(check.mean_abs_diff)
+        return dict(check.metrics())
 
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(lock.stop)
@@ -367,12 +395,18 @@ async def _run_rl(run: RunConfig) -> float:
                 "transport: the trainer's updates would never reach it. Fix: engine.weight_sync=reload (vLLM) "
                 "or http (embedded engine), or engine.weight_sync=none to train without pushing."
             )
-        if pushing:
-            if resume is not None:
-                await asyncio.to_thread(push_weights, engine.weight_sync)
-            else:
+        if run.engine.parity_gate:
+            gate = stack.enter_context(contextlib.closing(parity_gate(run, engine, out)))
+            await asyncio.to_thread(gate.prepare, run.sampling.temperature)
+        start_metrics: dict[str, float] = {}
+        if pushing and resume is not None:
+            # A fresh engine loaded the base model: give it the checkpoint's weights (and check them).
+            start_metrics = await asyncio.to_thread(push_weights, engine.weight_sync)
+        else:
+            if pushing:
                 # Label the served weights with the trainer's version, so records carry numbers.
                 await asyncio.to_thread(engine.weight_sync.announce, trainer.policy_version)
+            start_metrics = await asyncio.to_thread(check_parity)
         logger = stack.enter_context(
             MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
@@ -409,11 +443,15 @@ async def _run_rl(run: RunConfig) -> float:
                     stats.steps = trainer.global_step
                     stats.rows_trained += len(pending)
                     stats.last_ratio = metrics.get("train/ratio")
+                    if stats.first_ratio is None:
+                        stats.first_ratio = stats.last_ratio
                     for g in batch:
                         state.mark(g.planned.group_id, "trained")
                     pushed_now = False
+                    metrics.update(start_metrics)
+                    start_metrics = {}
                     if pushing and stats.steps % t.weight_sync_interval == 0:
-                        await asyncio.to_thread(push_weights, engine.weight_sync)
+                        metrics.update(await asyncio.to_thread(push_weights, engine.weight_sync))
                         stats.weight_pushes += 1
                         pushed_now = True
                     metrics.update(group_metrics(batch))
@@ -447,7 +485,8 @@ async def _run_rl(run: RunConfig) -> float:
                         if in_training_eval_due(stats.steps, t):
                             if pushing and not pushed_now:
                                 # The evaluation must see this checkpoint's weights, not the last pushed ones.
-                                await asyncio.to_thread(push_weights, engine.weight_sync)
+                                parity = await asyncio.to_thread(push_weights, engine.weight_sync)
+                                logger.log(parity, step=stats.steps)
                                 stats.weight_pushes += 1
                             from fineenvs.jobs.eval import aevaluate_checkpoint
 
@@ -466,6 +505,15 @@ async def _run_rl(run: RunConfig) -> float:
             display.close()
             state.save(state_path)
     return _summary(run, stats, out, started)
+
+
+def parity_gate(run: RunConfig, engine: Any, out: Path) -> Any:
+    """The engine-trainer parity gate for this run's engine (``fineenvs.engine.parity``)."""
+    from fineenvs.engine.parity import ParityGate, tolerance
+
+    assert isinstance(run.trainer, GRPOSpec)
+    allowed = run.engine.parity_tolerance or tolerance(engine_dtype(run), run.trainer.dtype)
+    return ParityGate(engine.url, engine.served_model_name, tolerance=allowed, out_dir=out / "parity")
 
 
 def in_training_eval_due(step: int, t: GRPOSpec) -> bool:
@@ -568,7 +616,10 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "attempts": stats.attempts,
         "rows_trained": stats.rows_trained,
         "mean_reward": mean_reward,
+        "first_ratio": stats.first_ratio,
         "last_ratio": stats.last_ratio,
+        "parity_checks": len(stats.parity),
+        "parity_max_mean_abs_diff": max(stats.parity) if stats.parity else None,
         "stale_groups_dropped": stats.stale_dropped,
         "groups_without_signal": stats.no_signal,
         "groups_by_signal": dict(stats.signal_kinds),

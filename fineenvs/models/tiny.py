@@ -344,6 +344,14 @@ def _corpus_digest(spec: TinyModelSpec) -> str | None:
     return hashlib.sha256(AGENT_PROMPTS.read_bytes()).hexdigest()[:16]
 
 
+def tiny_model_config(name: str) -> dict[str, Any]:
+    """A tiny model's ``config.json`` content, without building it (token ids are placeholders)."""
+    spec = TINY_MODELS[name]
+    ids: dict[str, int] = {token: i for i, token in enumerate(spec.special_tokens + spec.added_tokens)}
+    config: dict[str, Any] = spec.build_config(ids).to_dict()
+    return config
+
+
 def tiny_model_path(name: str, seed: int = 0, root: Path | None = None) -> Path:
     """Where ``ensure_tiny_model(name, seed)`` puts the model (nothing is built)."""
     return (root if root is not None else models_cache()) / f"{name}-s{seed}"

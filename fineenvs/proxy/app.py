@@ -45,6 +45,7 @@ from fineenvs.proxy.store import CallStore, StoreError
 from fineenvs.proxy.upstream import (
     BadRequest,
     UpstreamError,
+    VersionBracket,
     build_engine_request,
     decode_reply,
     post_with_retries,
@@ -112,6 +113,7 @@ class ProxyApp:
     ) -> None:
         self.settings = settings
         self.upstream = upstream
+        self.versions = VersionBracket(upstream, settings)
         self.store = store
         self.shard = shard
         self.sessions = SessionRegistry(store, settings.max_model_calls, shard=shard)
@@ -335,6 +337,7 @@ class ProxyApp:
             try:
                 started = time.perf_counter()
                 async with self.upstream_slots:
+                    version_before = await self.versions.read()
                     resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
                 call.payload = b""  # answered: free it before waiting for a CPU turn
                 async with self.cpu_turn:
@@ -344,6 +347,7 @@ class ProxyApp:
                         upstream_s=time.perf_counter() - started,
                         read_prompt=self.store.prompt_reader(session.session_id),
                     )
+                await self.versions.stamp(result, version_before)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
                 if not isinstance(exc, UpstreamError):
                     log.exception("engine call failed unexpectedly")

@@ -42,6 +42,8 @@ class EngineResponse:
 class EngineClient(Protocol):
     async def post_json(self, url: str, payload: bytes, *, timeout: float) -> EngineResponse: ...
 
+    async def get(self, url: str, *, timeout: float) -> EngineResponse: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -56,6 +58,13 @@ class HttpxEngine:
             resp = await self.client.post(
                 url, content=payload, headers={"content-type": "application/json"}, timeout=timeout
             )
+        except httpx.TransportError as exc:
+            raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        return EngineResponse(resp.status_code, resp.content, dict(resp.headers))
+
+    async def get(self, url: str, *, timeout: float) -> EngineResponse:
+        try:
+            resp = await self.client.get(url, timeout=timeout)
         except httpx.TransportError as exc:
             raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from exc
         return EngineResponse(resp.status_code, resp.content, dict(resp.headers))
@@ -105,6 +114,20 @@ class RawEngine:
             b"content-type: application/json\r\naccept: application/json\r\n"
             b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
         )
+        return await self._request(head, payload, timeout)
+
+    async def get(self, url: str, *, timeout: float) -> EngineResponse:
+        path = urlsplit(url).path or "/"
+        head = (
+            b"GET "
+            + path.encode()
+            + b" HTTP/1.1\r\nhost: "
+            + self.host_header
+            + b"\r\naccept: application/json\r\n\r\n"
+        )
+        return await self._request(head, b"", timeout)
+
+    async def _request(self, head: bytes, payload: bytes, timeout: float) -> EngineResponse:
         async with self._slots:
             for _ in range(2):
                 reused = bool(self._idle)

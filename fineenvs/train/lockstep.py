@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CALLS = ("step", "state_dict", "save_checkpoint")
+CALLS = ("step", "state_dict", "save_checkpoint", "sequence_logprobs")
 
 
 class Lockstep:
