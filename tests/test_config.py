@@ -223,13 +223,50 @@ def test_engine_devices_without_a_launched_vllm_refused() -> None:
 
 
 def test_tiny_model_on_vllm_serves_its_built_directory() -> None:
-    """vLLM loads a tiny model's directory like any checkpoint (the stand-in e2e relies on it)."""
+    """vLLM loads a tiny model's directory like any checkpoint; the smoke's vLLM form picks
+    tiny_agent (heads of 32, which vLLM's CPU attention serves) and the embedded form tiny_qwen."""
     from fineenvs.plan import vllm_args
 
     run = load("+experiment=smoke", "engine=vllm", "output_dir=/tmp/fineenvs-x")
     args = vllm_args(run)
-    assert args.model.endswith("/tiny_qwen-s0") and args.served_model_name == "tiny_qwen"
+    assert args.model.endswith("/tiny_agent-s0") and args.served_model_name == "tiny_agent"
     assert args.template_path is None  # model.chat_template=native: the checkpoint's own template
+    assert load("+experiment=smoke", "output_dir=/tmp/fineenvs-x").model.name == "tiny_qwen"
+    # An explicit model still wins over the smoke's choice.
+    assert (
+        load("+experiment=smoke", "engine=vllm", "model=tiny_qwen", "output_dir=/tmp/x").model.name
+        == "tiny_qwen"
+    )
+
+
+def test_the_cpu_platform_refuses_what_vllms_cpu_build_serves_wrong() -> None:
+    from fineenvs.plan import preflight
+
+    for model, why in (
+        ("tiny_qwen", "heads of size 16"),
+        ("tiny_lfm2", "lfm2 model: on vLLM's CPU build"),
+        ("tiny_qwen3_5", "cannot even be imported"),
+    ):
+        run = load(
+            "+experiment=smoke", "engine=vllm", "engine.platform=cpu", f"model={model}", "output_dir=/tmp/x"
+        )
+        problems = preflight(run)
+        assert any(why in p and "engine=transformers" in p for p in problems), (model, problems)
+    run = load("+experiment=smoke", "engine=vllm", "engine.platform=cpu", "output_dir=/tmp/x")
+    assert not [p for p in preflight(run) if "vLLM's CPU" in p]
+
+
+def test_cpu_platform_settings_are_checked_at_compose_time() -> None:
+    for overrides, message in (
+        (("engine.platform=cpu", "engine.weight_sync=nccl"), "broadcasts GPU to GPU"),
+        (("engine.cpu_kvcache_gib=0",), "cpu_kvcache_gib must be >= 1"),
+        (("engine.parity_tolerance=0",), "parity_tolerance must be > 0"),
+        (("engine.weight_sync=http",), "the embedded engine's route"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load("+experiment=smoke", "engine=vllm", *overrides, "output_dir=/tmp/x")
+    with pytest.raises(ConfigError, match="drives vLLM's routes"):
+        load("+experiment=smoke", "engine.weight_sync=file_transfer", "output_dir=/tmp/x")
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,18 @@
-"""Benchmark of the embedded engine: throughput at 1, 8 and 32 clients, and the prefix cache.
+"""Benchmark of the engines: the embedded engine's throughput and prefix cache, and the embedded
+engine against real vLLM (its CPU build) in the same run.
 
 ``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]
-[--sections throughput,session] [--session-lengths 2000:20000:500] [--compare-every 6]``
+[--sections throughput,session,vllm] [--session-lengths 2000:20000:500] [--compare-every 6]
+[--vllm-model tiny_agent] [--vllm-session-lengths 2000:12000:1000]``
+
+vLLM against the embedded engine (section ``vllm``, when ``python -m fineenvs.engine install-vllm``
+has built vLLM's environment). Both serve the same model (``--vllm-model``: tiny_agent, which vLLM's
+CPU attention can serve) in float32, each started as a run starts it (the embedded engine as its
+own process with one torch thread; vLLM by the launcher, compiled, prefix caching on, torch.compile
+cache warm after the first start). Per engine, medians over ``--runs``: start-up (launch to healthy),
+tokens/s at 1, 8 and 32 clients (``--max-tokens`` each, ``ignore_eos``), and time to first token
+along a growing agent history (chat messages: each call resends the history, the sampled reply and
+a tool result), from the prefix cache and, on the same prompts, after ``/reset_prefix_cache``.
 
 Throughput (generated tokens/s and requests/s).
 
@@ -183,7 +194,15 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fineenvs.bench.engine", description=__doc__)
     parser.add_argument("--models", default="tiny_qwen,tiny_lfm2,tiny_qwen3_5")
-    parser.add_argument("--sections", default="throughput,session", help="throughput, session, or both")
+    parser.add_argument(
+        "--sections", default="throughput,session,vllm", help="throughput, session, vllm, comma-separated"
+    )
+    parser.add_argument(
+        "--vllm-model", default="tiny_agent", help="the model both engines serve in section vllm"
+    )
+    parser.add_argument(
+        "--vllm-session-lengths", default="2000:12000:1000", help="section vllm's session, start:stop:step"
+    )
     parser.add_argument("--batch-sizes", default="1,8", help="engine max_batch_size values (1 = serial)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -211,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
     sections = {s for s in args.sections.split(",") if s}
-    if not sections or sections - {"throughput", "session"}:
-        parser.error(f"--sections {args.sections!r}: name throughput, session or both, comma-separated")
+    if not sections or sections - {"throughput", "session", "vllm"}:
+        parser.error(f"--sections {args.sections!r}: name throughput, session, vllm, comma-separated")
     try:
         lo, hi, step = (int(v) for v in args.session_lengths.split(":"))
         lengths = list(range(lo, hi + 1, step))
@@ -229,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_throughput(models, args)
     if "session" in sections:
         _print_session(models, lengths, args)
+    if "vllm" in sections:
+        _print_versus(args)
     print(f"total {time.perf_counter() - start:.1f} s")
     return 0
 
@@ -282,3 +303,153 @@ def _print_session(models: list[str], lengths: list[int], args: argparse.Namespa
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# --------------------------------------------------------------------------- vLLM vs embedded
+
+
+@dataclass
+class EngineFigures:
+    engine: str
+    startup_s: float
+    tokens_per_s: dict[int, float]
+    ttft: list[tuple[int, float, float]]  # (prompt tokens, cached s, uncached s)
+
+
+def _launch(engine: str, model_dir: Path, name: str, log_dir: Path) -> Any:
+    from fineenvs.engine.handle import launch_transformers_engine, launch_vllm
+
+    if engine == "embedded":
+        return launch_transformers_engine(str(model_dir), log_dir=log_dir, served_model_name=name)
+    from fineenvs.engine.install import installed_python
+    from fineenvs.engine.vllm import VLLMServeArgs
+
+    python = installed_python("cpu")
+    assert python is not None
+    args = VLLMServeArgs(
+        model=str(model_dir), served_model_name=name, port=0, dtype="float32", platform="cpu",
+        max_model_len=32768, tool_call_parser="hermes", weight_sync="reload", enable_prefix_caching=True,
+        python=str(python),
+    )  # fmt: skip
+    return launch_vllm(args, log_dir, timeout_s=900)
+
+
+def _words(rng: Any, n: int) -> str:
+    vocab = ("file", "data", "row", "total", "print", "open", "line", "count", "read", "value", "path", "sum")
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+async def _ttft(
+    client: httpx.AsyncClient, url: str, name: str, messages: list[dict[str, Any]]
+) -> tuple[float, int]:
+    body = {
+        "model": name,
+        "messages": messages,
+        "max_tokens": 1,
+        "temperature": 0.8,
+        "return_token_ids": True,
+    }
+    start = time.perf_counter()
+    reply = await client.post(f"{url}/v1/chat/completions", json=body)
+    elapsed = time.perf_counter() - start
+    reply.raise_for_status()
+    return elapsed, len(reply.json()["prompt_token_ids"])
+
+
+async def _session_http(
+    url: str, name: str, lengths: list[int], reply_tokens: int
+) -> list[tuple[int, float, float]]:
+    """TTFT along a growing chat: cached, then the same prompt after /reset_prefix_cache."""
+    import random
+
+    rng = random.Random(0)
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Count the rows of data.csv. " + _words(rng, 200)}
+    ]
+    out = []
+    async with httpx.AsyncClient(timeout=900) as client:
+        for target in lengths:
+            cached, tokens = await _ttft(client, url, name, messages)
+            (await client.post(f"{url}/reset_prefix_cache")).raise_for_status()
+            uncached, _ = await _ttft(client, url, name, messages)
+            out.append((tokens, cached, uncached))
+            body = {"model": name, "messages": messages, "max_tokens": reply_tokens, "temperature": 0.8,
+                    "ignore_eos": True}  # fmt: skip
+            reply = (await client.post(f"{url}/v1/chat/completions", json=body)).json()
+            messages.append(
+                {"role": "assistant", "content": reply["choices"][0]["message"]["content"] or "ok"}
+            )
+            # A tool result that brings the history to the next length (~1.3 tokens per word here).
+            messages.append({"role": "user", "content": _words(rng, max(10, int((target - tokens) / 1.3)))})
+    return out
+
+
+def _versus(args: argparse.Namespace, lengths: list[int], concurrency: list[int]) -> list[EngineFigures]:
+    import tempfile
+
+    from fineenvs.models import ensure_tiny_model
+
+    name = args.vllm_model
+    model_dir = ensure_tiny_model(name)
+    results = []
+    for engine in ("embedded", "vllm"):
+        startups: list[float] = []
+        rates: dict[int, list[float]] = {c: [] for c in concurrency}
+        sessions: list[list[tuple[int, float, float]]] = []
+        for _ in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-") as tmp:
+                launch = _launch(engine, model_dir, name, Path(tmp))
+                start = time.perf_counter()
+                with launch as handle:
+                    startups.append(time.perf_counter() - start)
+                    asyncio.run(_batch(handle.url, name, 1, args.max_tokens))  # warm-up
+                    for clients in concurrency:
+                        elapsed, tokens = asyncio.run(_batch(handle.url, name, clients, args.max_tokens))
+                        rates[clients].append(tokens / elapsed)
+                    sessions.append(asyncio.run(_session_http(handle.url, name, lengths, args.reply_tokens)))
+        ttft = [
+            (
+                sessions[0][k][0],
+                statistics.median(s[k][1] for s in sessions),
+                statistics.median(s[k][2] for s in sessions),
+            )
+            for k in range(len(lengths))
+        ]
+        results.append(
+            EngineFigures(
+                engine, statistics.median(startups), {c: statistics.median(r) for c, r in rates.items()}, ttft
+            )
+        )
+    return results
+
+
+def _print_versus(args: argparse.Namespace) -> None:
+    from fineenvs.engine.install import installed_python
+
+    if installed_python("cpu") is None:
+        print(
+            "section vllm: vLLM's CPU build is not installed (python -m fineenvs.engine install-vllm); skipped"
+        )
+        return
+    lo, hi, step = (int(v) for v in args.vllm_session_lengths.split(":"))
+    lengths = list(range(lo, hi + 1, step))
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    figures = _versus(args, lengths, concurrency)
+    embedded, vllm = figures
+    print(
+        f"vLLM (CPU build 0.32.0) against the embedded engine, {args.vllm_model}, float32, median of "
+        f"{args.runs} runs, {args.max_tokens} tokens per request"
+    )
+    print(f"{'':<28}{'embedded':>12}{'vLLM':>12}{'vLLM/embedded':>15}")
+    print(
+        f"{'start-up s':<28}{embedded.startup_s:>12.1f}{vllm.startup_s:>12.1f}{vllm.startup_s / embedded.startup_s:>14.2f}x"
+    )
+    for c in concurrency:
+        e, v = embedded.tokens_per_s[c], vllm.tokens_per_s[c]
+        print(f"{f'tok/s, {c} client(s)':<28}{e:>12.1f}{v:>12.1f}{v / e:>14.2f}x")
+    print("time to first token along a growing session, cached / after reset_prefix_cache (s)")
+    print(
+        f"{'prompt':>8}{'embedded cached':>17}{'uncached':>10}{'vLLM cached':>13}{'uncached':>10}{'vLLM/emb cached':>17}"
+    )
+    for (tokens, ec, eu), (_, vc, vu) in zip(embedded.ttft, vllm.ttft, strict=True):
+        print(f"{tokens:>8}{ec:>17.3f}{eu:>10.3f}{vc:>13.3f}{vu:>10.3f}{vc / ec:>16.2f}x")

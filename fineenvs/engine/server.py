@@ -183,33 +183,19 @@ def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-class NotFrozen(RuntimeError):
-    """A frozen-engine task arrived after the engine was thawed."""
-
-
 class _Worker:
     """The one thread that runs the model: batches of generation jobs and weight swaps, FIFO.
 
     Consecutive generation jobs at the head of the queue (up to ``max_batch_size``) run as one
     batch; anything else (a weight swap) runs alone, after every job queued before it.
-
-    ``freeze()`` is vLLM's ``/pause?mode=keep``: the worker parks at its next pause point (between
-    two decoding steps of the running batch, or before starting the next job) and runs nothing
-    but ``run_frozen`` tasks (weight swaps) until ``thaw()``; queued and running requests then go
-    on, sampling with the new weights.
     """
 
-    def __init__(self, generator: Generator, max_batch_size: int, decode_delay_s: float = 0.0) -> None:
+    def __init__(self, generator: Generator, max_batch_size: int) -> None:
         self.generator = generator
         self.max_batch_size = max_batch_size
-        self.decode_delay_s = decode_delay_s
-        """Sleep at every pause point: tests of pause timing set a known decoding pace with it."""
         self._jobs: deque[tuple[str, Any, asyncio.Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
-        self._frozen = False
-        self._parked = False
-        self._frozen_tasks: deque[tuple[Any, dict[str, Any]]] = deque()
         self.batch_sizes: list[int] = []  # of every generation batch run (diagnostics, tests)
         self._thread = threading.Thread(target=self._loop, name="fineenvs-engine", daemon=True)
         self._thread.start()
@@ -237,77 +223,7 @@ class _Worker:
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
-            self._frozen = False
             self._cv.notify_all()
-
-    # -- freezing (vLLM pause mode "keep") --------------------------------------------------
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
-
-    def freeze(self, timeout_s: float = 600.0) -> None:
-        """Block until the worker is parked (blocking: call it from a thread). On a timeout the
-        worker is thawed again and ``TimeoutError`` says so: a failed pause freezes nothing."""
-        with self._cv:
-            self._frozen = True
-            self._cv.notify_all()
-            if not self._cv.wait_for(lambda: self._parked or self._stopping, timeout=timeout_s):
-                self._frozen = False
-                self._cv.notify_all()
-                raise TimeoutError(
-                    f"the engine did not reach a pause point within {timeout_s:.0f} s (one decoding step or "
-                    "weight swap ran longer); it was left running. Retry the pause."
-                )
-
-    def thaw(self) -> None:
-        with self._cv:
-            self._frozen = False
-            self._cv.notify_all()
-
-    def run_frozen(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the parked worker thread and return its result (blocking). A task
-        queued when the worker is thawed or stopped still runs (the worker drains its tasks
-        before it leaves the pause point)."""
-        box: dict[str, Any] = {}
-        with self._cv:
-            if not self._parked:
-                raise NotFrozen("the engine is not frozen (no /pause?mode=keep in effect)")
-            self._frozen_tasks.append(((fn, args), box))
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: "done" in box)
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
-
-    def _park_locked(self) -> None:
-        """With ``_cv`` held and frozen: run frozen tasks until thawed, then the ones still queued."""
-        self._parked = True
-        self._cv.notify_all()
-        while True:
-            while self._frozen_tasks:
-                (fn, args), box = self._frozen_tasks.popleft()
-                self._cv.release()
-                try:
-                    box["result"] = fn(*args)
-                except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    box["error"] = exc
-                finally:
-                    self._cv.acquire()
-                box["done"] = True
-                self._cv.notify_all()
-            if not self._frozen or self._stopping:
-                break
-            self._cv.wait()
-        self._parked = False
-
-    def _pause_point(self) -> None:
-        if self.decode_delay_s:
-            time.sleep(self.decode_delay_s)
-        if self._frozen:
-            with self._cv:
-                if self._frozen:
-                    self._park_locked()
 
     @staticmethod
     def _resolve(future: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
@@ -324,11 +240,8 @@ class _Worker:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while (self._frozen or not self._jobs) and not self._stopping:
-                    if self._frozen:
-                        self._park_locked()
-                    else:
-                        self._cv.wait()
+                while not self._jobs and not self._stopping:
+                    self._cv.wait()
                 if self._stopping:
                     return
                 batch = [self._jobs.popleft()]
@@ -347,11 +260,7 @@ class _Worker:
                     def answer(i: int, result: GenerationResult, futures: list[Any] = futures) -> None:
                         self._resolve(futures[i], result)
 
-                    self.generator.generate_batch(
-                        [payload for _, payload, _ in batch],
-                        on_finish=answer,
-                        between_steps=self._pause_point,
-                    )
+                    self.generator.generate_batch([payload for _, payload, _ in batch], on_finish=answer)
                 else:
                     fn, args = batch[0][1]
                     self._resolve(batch[0][2], fn(*args))
@@ -371,7 +280,6 @@ class EngineState:
         tool_call_format: ToolCallFormat,
         enable_test_hooks: bool,
         max_batch_size: int,
-        decode_delay_s: float = 0.0,
     ) -> None:
         self.generator = generator
         self.served_model_name = served_model_name
@@ -379,34 +287,14 @@ class EngineState:
         self.max_model_len = max_model_len
         self.tool_call_format = tool_call_format
         self.enable_test_hooks = enable_test_hooks
-        self.worker = _Worker(generator, max_batch_size, decode_delay_s)
+        self.worker = _Worker(generator, max_batch_size)
         self.policy = "model"  # or "expert": the scripted teacher's replies are forced
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
-        # vLLM serving options (the stand-in sets them from vLLM's command line; the embedded
-        # engine keeps the defaults):
-        self.chat_template: str | None = None
-        """``--chat-template``: rendered instead of the tokenizer's own template."""
-        self.default_chat_template_kwargs: dict[str, Any] = {}
-        self.generation_defaults: dict[str, Any] = {}
-        """``--override-generation-config``: sampling values for fields a request omits."""
-        self.token_id_logprobs = True
-        """``--return-tokens-as-token-ids``: logprob entries name ``token_id:<id>``."""
-        self.auto_tool_choice = True
-        """``--enable-auto-tool-choice``: without it, vLLM refuses tool_choice="auto"."""
-        self.version_label: Any = int
-        """Weight version -> the label responses carry (vLLM: the string set by
-        ``/update_weight_version``); the embedded engine reports its integer."""
-        self.top_level_weight_version = True
-        """The embedded engine's own ``weight_version`` field (vLLM has none)."""
-        self.cancels: set[threading.Event] = set()
-        """One per request in flight: ``/pause?mode=abort`` sets them all."""
         self.structured_whitespace = "compact"
         """JSON structured output: no whitespace between tokens (vLLM's ``disable_any_whitespace``),
         or ``flexible``; see ``fineenvs.engine.constrained``."""
-        self.pause_mode: str | None = None
-        """vLLM's pause state: ``abort`` / ``wait`` refuse new requests with 503, ``keep`` queues them."""
 
 
 def _infer_tool_call_format(config: Any) -> ToolCallFormat:
@@ -452,11 +340,10 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
         # tool-call parsing are the served model's own.
         forced = (*state.generator.encode(text), state.generator.eos_token_ids[0])
     tools_active = bool(req.tools) and req.tool_choice != "none"
-    defaults = state.generation_defaults
-    temperature = req.temperature if req.temperature is not None else defaults.get("temperature", 1.0)
-    top_p = req.top_p if req.top_p is not None else defaults.get("top_p", 1.0)
-    top_k = req.top_k if req.top_k is not None else defaults.get("top_k", 0)
-    min_p = req.min_p if req.min_p is not None else defaults.get("min_p", 0.0)
+    temperature = req.temperature if req.temperature is not None else 1.0
+    top_p = req.top_p if req.top_p is not None else 1.0
+    top_k = req.top_k if req.top_k is not None else 0
+    min_p = req.min_p if req.min_p is not None else 0.0
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=float(temperature),
@@ -475,11 +362,9 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     )
 
 
-def _logprobs_body(
-    result: GenerationResult, generator: Generator, top_n: int, as_token_ids: bool = True
-) -> dict[str, Any]:
+def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -> dict[str, Any]:
     def name(token: int) -> str:
-        return f"token_id:{token}" if as_token_ids else generator.decode([token], False)
+        return f"token_id:{token}"  # vLLM's --return-tokens-as-token-ids
 
     content = []
     for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs, strict=True)):
@@ -525,14 +410,6 @@ async def chat_completions(request: Request) -> Response:
         return error(unsupported + ": drop the field or send its neutral value")
     if req.top_logprobs and not req.logprobs:
         return error("when using `top_logprobs`, `logprobs` must be set to true", param="top_logprobs")
-    if state.pause_mode in ("abort", "wait"):
-        # vLLM's engine core rejects adds while paused (code "engine_paused", retryable).
-        return error("Generation is paused. Please retry after it resumes.", 503, "ServiceUnavailableError")
-    if req.tools and req.tool_choice in (None, "auto") and not state.auto_tool_choice:
-        return error(
-            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
-            param="tool_choice",
-        )
     if req.tool_choice not in (None, "auto", "none"):
         return error(
             f"tool_choice={req.tool_choice!r} needs constrained decoding, which the embedded engine does "
@@ -547,8 +424,7 @@ async def chat_completions(request: Request) -> Response:
             req.tools or None,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
             continue_final_message=req.continue_final_message,
-            chat_template=state.chat_template,
-            **{**state.default_chat_template_kwargs, **(req.chat_template_kwargs or {})},
+            **(req.chat_template_kwargs or {}),
         )
     except Exception as exc:  # template errors are the client's: jinja raise_exception, bad roles
         return error(f"Cannot render the chat template for these messages: {exc}", param="messages")
@@ -574,7 +450,6 @@ async def chat_completions(request: Request) -> Response:
         )
     state.pending += 1
     cancel = threading.Event()
-    state.cancels.add(cancel)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
     try:
         result: GenerationResult = await state.worker.generate(prompt_ids, params, cancel)
@@ -583,7 +458,6 @@ async def chat_completions(request: Request) -> Response:
         return error(f"Generation failed: {type(exc).__name__}: {exc}", 500, "InternalServerError")
     finally:
         state.pending -= 1
-        state.cancels.discard(cancel)
         watcher.cancel()
     return JSONResponse(_response_body(req, state, prompt_ids, result))
 
@@ -621,9 +495,7 @@ def _response_body(
             "tool_calls": tool_calls,
             "reasoning": None,
         },
-        "logprobs": _logprobs_body(result, state.generator, req.top_logprobs or 0, state.token_id_logprobs)
-        if req.logprobs
-        else None,
+        "logprobs": _logprobs_body(result, state.generator, req.top_logprobs or 0) if req.logprobs else None,
         "finish_reason": finish,
         "stop_reason": result.stop_reason,
         "token_ids": result.token_ids if req.return_token_ids else None,
@@ -632,7 +504,7 @@ def _response_body(
         # vLLM's WeightVersionSpan list: which weight version sampled output tokens [start, end).
         spans: list[dict[str, Any]] = []
         for version, start, end in result.weight_versions or [(result.weight_version, 0, 0)]:
-            label = str(state.version_label(version))
+            label = str(version)
             if spans and spans[-1]["version"] == label:
                 spans[-1]["end"] = end
             else:
@@ -657,8 +529,7 @@ def _response_body(
         "prompt_token_ids": prompt_ids if req.return_token_ids else None,
         "kv_transfer_params": None,
     }
-    if state.top_level_weight_version:
-        body["weight_version"] = result.weight_version
+    body["weight_version"] = result.weight_version  # the embedded engine's own field (vLLM has spans only)
     return body
 
 
@@ -773,13 +644,7 @@ async def reset_prefix_cache(request: Request) -> Response:
 
 
 async def swap_weights(state: EngineState, fn: Any, *args: Any) -> Any:
-    """Run a weight swap on the worker: queued behind every request admitted before it, or, while
-    the worker is frozen (pause mode ``keep``), at once between two decoding steps."""
-    if state.worker.frozen:
-        try:
-            return await asyncio.to_thread(state.worker.run_frozen, fn, *args)
-        except NotFrozen:
-            pass  # thawed meanwhile: queue it like any swap
+    """Run a weight swap on the worker, queued behind every request admitted before it."""
     return await state.worker.call(fn, *args)
 
 
@@ -818,7 +683,6 @@ def create_engine_app(
     enable_test_hooks: bool = False,
     max_batch_size: int = 8,
     device: str | None = None,
-    decode_delay_s: float = 0.0,
     policy: str = "model",
     prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_BYTES >> 20,
 ) -> Starlette:
@@ -858,7 +722,6 @@ def create_engine_app(
         tool_call_format=fmt,
         enable_test_hooks=enable_test_hooks,
         max_batch_size=max_batch_size,
-        decode_delay_s=decode_delay_s,
     )
 
     @asynccontextmanager

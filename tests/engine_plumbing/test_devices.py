@@ -92,6 +92,20 @@ def test_the_server_environment_names_only_its_gpus() -> None:
     )
 
 
+def fake_nvidia_smi(directory: Path, gpus: int) -> Path:
+    """A FAKE ``nvidia-smi`` (not NVIDIA's): ``-L`` lists ``gpus`` GPUs, so the launcher's GPU checks
+    and its split of GPUs between vLLM and the trainer run on a machine without any."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    lines = "".join(
+        f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-fa4e0000-0000-0000-0000-00000000000{i})\n"
+        for i in range(gpus)
+    )
+    script.write_text(f"#!/bin/sh\n# fake nvidia-smi for fineenvs' tests\nprintf '%s' '{lines}'\n")
+    script.chmod(0o755)
+    return script
+
+
 def test_a_run_splits_the_gpus_before_cuda_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_dir
 
@@ -100,9 +114,7 @@ def test_a_run_splits_the_gpus_before_cuda_starts(tmp_path: Path, monkeypatch: p
     from fineenvs.paths import CONF_DIR
     from fineenvs.plan import describe_plan, preflight
 
-    from .vllm_helpers import install_standin
-
-    install_standin(tmp_path, gpus=2)  # tmp_path/bin/nvidia-smi lists two stand-in GPUs
+    fake_nvidia_smi(tmp_path / "bin", gpus=2)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # recorded, so the run's own value is undone after
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
@@ -110,7 +122,7 @@ def test_a_run_splits_the_gpus_before_cuda_starts(tmp_path: Path, monkeypatch: p
         cfg = compose(config_name="config", overrides=["+experiment=rl_multi", f"output_dir={tmp_path}"])
     run = to_run_config(cfg)
     plan = describe_plan(run)
-    assert "GPUs: vLLM on GPU(s) 1 (the last), trainer on GPU(s) 0" in plan
+    assert "platform: cuda; GPUs: vLLM on GPU(s) 1 (the last), trainer on GPU(s) 0" in plan
     assert "weight sync: reload (auto)" in plan and "install-vllm-client" in plan
     assert "--port 0" in plan and "a free port is picked at launch" in plan
     assert f"chat template: {tmp_path}/engine/lfm2_5_nothink.jinja, written at launch" in plan

@@ -174,7 +174,7 @@ def fake_vllm_venv(root: Path) -> Path:
     return bin_dir / "python"
 
 
-def test_launch_vllm_end_to_end_with_a_stand_in_binary(tmp_path: Path) -> None:
+def test_launch_vllm_end_to_end_with_a_fake_binary(tmp_path: Path) -> None:
     python = fake_vllm_venv(tmp_path / "venv")
     args = VLLMServeArgs(
         model="Qwen/Qwen3.5-2B",
@@ -205,8 +205,11 @@ def test_launch_vllm_without_a_vllm_binary_explains_how_to_install(
             VLLMServeArgs(model="m", python="/nonexistent/venv/bin/python"), tmp_path, check_gpu=ONE_GPU
         )
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="engine.python=~/venvs/vllm/bin/python"):
+    with pytest.raises(FileNotFoundError, match="`python -m fineenvs.engine install-vllm`"):
         launch_vllm(VLLMServeArgs(model="m"), tmp_path, check_gpu=ONE_GPU)
+    # On the CPU platform no GPU is asked for, and the fix names the CPU build.
+    with pytest.raises(FileNotFoundError, match="install-vllm --build cpu"):
+        launch_vllm(VLLMServeArgs(model="m", platform="cpu"), tmp_path, check_gpu=lambda: [])
 
 
 def test_launch_vllm_as_an_async_context_manager(tmp_path: Path) -> None:

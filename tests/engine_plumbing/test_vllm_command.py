@@ -186,3 +186,33 @@ def test_revision_is_passed_through_when_given() -> None:
     args = replace(published_serve_args("lfm", training=False, chat_template=TEMPLATE), revision="abc123")
     cmd = build_serve_command(args)
     assert cmd[cmd.index("--revision") + 1] == "abc123"
+
+
+def test_cpu_platform_command_and_environment() -> None:
+    """vLLM's CPU build: the same argv but the GPU memory fraction, compiled instead of eager (an
+    eager CPU worker died on tiny first requests), the CPU knobs in the environment."""
+    args = VLLMServeArgs(
+        model="/models/tiny",
+        platform="cpu",
+        cpu_kvcache_gib=3,
+        cpu_threads_bind="0-1",
+        weight_sync="file_transfer",
+    )
+    cmd = build_serve_command(args)
+    assert "--gpu-memory-utilization" not in cmd and "--enforce-eager" not in cmd
+    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend":"fineenvs_file"}'
+    env = build_serve_env(args, base={"VLLM_CACHE_ROOT": "/cache/vllm"})
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("3", "0-1")
+    assert env["VLLM_CACHE_ROOT"] == "/cache/vllm" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+    assert build_serve_env(VLLMServeArgs(model="m", platform="cpu"), base={})["VLLM_CACHE_ROOT"].endswith(
+        "vllm/runtime-cache"
+    )  # torch.compile's cache survives the run: a warm start takes ~30 s, not 50-90
+    gpu = build_serve_command(VLLMServeArgs(model="m"))
+    assert "--enforce-eager" in gpu and "--gpu-memory-utilization" in gpu  # the published command
+    eager_cpu = VLLMServeArgs(model="m", platform="cpu", enforce_eager=True)
+    assert "--enforce-eager" in build_serve_command(eager_cpu)
+    with pytest.raises(ValueError, match="engine.weight_sync=nccl broadcasts GPU to GPU"):
+        VLLMServeArgs(model="m", platform="cpu", weight_sync="nccl")
+    with pytest.raises(ValueError, match="engine.platform must be one of cuda, cpu"):
+        VLLMServeArgs(model="m", platform="tpu")

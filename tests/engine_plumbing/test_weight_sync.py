@@ -1,4 +1,5 @@
-"""Weight sync call sequences against a recording fake server (the real-vLLM checks are `gpu`)."""
+"""Weight sync call sequences against a recording fake server (on the real vLLM: the ``vllm``
+tier, ``test_vllm_cpu.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fineenvs.engine.weights import (
     EmbeddedWeightSync,
     NcclEndpoint,
     VLLMControlPlane,
+    VLLMFileTransferWeightSync,
     VLLMNcclWeightSync,
     VLLMReloadWeightSync,
     WeightSyncError,
@@ -28,19 +30,37 @@ from fineenvs.engine.weights import (
 class Recorder:
     """Records (method, path, query, body) and answers like vLLM's dev routes."""
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(
+        self, fail: str | None = None, *, dead_after_failure: bool = False, stuck_version: bool = False
+    ) -> None:
         self.calls: list[tuple[str, str, dict[str, str], Any]] = []
         self.fail = fail
+        self.dead = False
+        self.dead_after_failure = dead_after_failure
+        self.stuck_version = stuck_version
+        self.version = "default"
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
+        path = request.url.path
         with self.lock:
-            self.calls.append((request.method, request.url.path, dict(request.url.params), body))
-        if request.url.path == self.fail:
+            self.calls.append((request.method, path, dict(request.url.params), body))
+        if self.dead:
+            raise httpx.ConnectError("connection refused")
+        if path == self.fail:
+            self.dead = self.dead_after_failure
             return httpx.Response(500, json={"error": "boom"})
-        if request.url.path == "/get_world_size":
+        if path == "/get_world_size":
             return httpx.Response(200, json={"world_size": 2})
+        if path == "/update_weight_version" and not self.stuck_version:
+            self.version = body["new_version"]
+        if path == "/finish_weight_update" and not self.stuck_version:
+            self.version = body["weight_version"]
+        if path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": self.version})
+        if path == "/reset_prefix_cache":
+            return httpx.Response(200, json={"success": True})
         if request.url.path == "/update_weights_from_path":
             assert body is not None
             return httpx.Response(200, json={"weight_version": body["weight_version"]})
@@ -51,7 +71,7 @@ class Recorder:
 
     @property
     def paths(self) -> list[str]:
-        return [path for _, path, _, _ in self.calls]
+        return [path for _, path, _, _ in self.calls if path != "/health"]
 
 
 def state_dict() -> dict[str, torch.Tensor]:
@@ -82,6 +102,7 @@ def test_embedded_sync_saves_and_posts_the_path(tmp_path: Path) -> None:
 def test_embedded_sync_passes_checkpoint_dirs_through_and_reports_rejection(tmp_path: Path) -> None:
     rec = Recorder(fail="/update_weights_from_path")
     sync = EmbeddedWeightSync("http://engine", tmp_path / "staging", client=rec.client())
+    save_safetensors(state_dict(), tmp_path)
     with pytest.raises(WeightSyncError, match="answered 500"):
         sync.push(tmp_path, 4)
     assert rec.calls[0][3]["path"] == str(tmp_path.resolve())
@@ -93,9 +114,13 @@ def test_vllm_reload_sequence(tmp_path: Path) -> None:
     rec = Recorder()
     sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
     assert sync.push(state_dict(), 7) == 7
-    assert rec.paths == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    assert rec.paths == [
+        "/pause", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/resume", "/weight_info"
+    ]  # fmt: skip
     # keep: running requests freeze and new ones queue; wait/abort would answer agents 503.
     assert rec.calls[0][2] == {"mode": "keep"}
+    # Requests frozen mid-generation are recomputed with the new weights: no old prefix survives.
+    assert rec.calls[3][2] == {"reset_running_requests": "true"}
     rpc = rec.calls[1][3]
     assert rpc["method"] == "reload_weights"
     # A directory: vLLM's reload_weights takes anything else for a Hugging Face repo id.
@@ -111,9 +136,73 @@ def test_vllm_reload_sequence(tmp_path: Path) -> None:
 def test_vllm_reload_resumes_even_when_reload_fails(tmp_path: Path) -> None:
     rec = Recorder(fail="/collective_rpc")
     sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
-    with pytest.raises(WeightSyncError, match="reload_weights"):
+    with pytest.raises(WeightSyncError, match="reload_weights.*still up and serves the previous weights"):
         sync.push(state_dict(), 8)
     assert rec.paths == ["/pause", "/collective_rpc", "/resume"]
+
+
+def test_a_push_that_kills_the_server_is_reported_as_such(tmp_path: Path) -> None:
+    """The failure the run reports names the dead server and its log, not the resume that failed after."""
+    rec = Recorder(fail="/collective_rpc", dead_after_failure=True)
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client(), log_path=tmp_path / "vllm.log")
+    with pytest.raises(
+        WeightSyncError, match="reload_weights.*died during the push.*vllm.log.*resumes"
+    ) as err:
+        sync.push(state_dict(), 8)
+    assert "resume" not in str(err.value).split("died")[0].split("reload_weights")[0]
+
+
+def test_a_version_that_did_not_move_is_an_error(tmp_path: Path) -> None:
+    rec = Recorder(stuck_version=True)
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    with pytest.raises(WeightSyncError, match="reports 'default'.*did not move"):
+        sync.push(state_dict(), 3)
+
+
+def test_staged_weights_are_complete_before_they_get_their_name(tmp_path: Path) -> None:
+    rec = Recorder()
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    sync.push(state_dict(), 1)
+    staged = Path(rec.calls[1][3]["kwargs"]["weights_path"])
+    assert staged.name == "v000001" and not staged.with_name("v000001.partial").exists()
+    assert set(load_file(str(staged / "model.safetensors"))) == set(state_dict())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no \\*.safetensors file"):
+        sync.push(tmp_path / "empty", 2)
+    assert rec.paths.count("/collective_rpc") == 1, "a folder with nothing to load never reaches vLLM"
+
+
+def test_file_transfer_sequence(tmp_path: Path) -> None:
+    """vLLM's four weight-transfer phases, with the tensors in a file in the transfer folder."""
+    rec = Recorder()
+    sync = VLLMFileTransferWeightSync("http://vllm", tmp_path / "xfer", client=rec.client())
+    assert sync.push(state_dict(), 5) == 5
+    assert sync.push(state_dict(), 6) == 6
+    one = [
+        "/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache",
+        "/resume", "/weight_info",
+    ]  # fmt: skip
+    assert rec.paths == ["/init_weight_transfer_engine", *one, *one]
+    assert rec.calls[0][3] == {"init_info": {"directory": str((tmp_path / "xfer").resolve())}}
+    update = [c[3]["update_info"] for c in rec.calls if c[1] == "/update_weights"]
+    assert [Path(u["path"]).name for u in update] == ["v000005.safetensors", "v000006.safetensors"]
+    assert all(u["names"] is None for u in update)
+    assert [c[3] for c in rec.calls if c[1] == "/finish_weight_update"] == [
+        {"weight_version": "5"},
+        {"weight_version": "6"},
+    ]
+    assert set(load_file(update[1]["path"])) == set(state_dict())
+    assert not Path(update[0]["path"]).exists(), "older files are pruned"
+    sync.close()
+    assert rec.paths[-1] == "/shutdown_weight_transfer_engine"
+
+
+def test_file_transfer_failure_resumes_and_keeps_the_cause(tmp_path: Path) -> None:
+    rec = Recorder(fail="/update_weights")
+    sync = VLLMFileTransferWeightSync("http://vllm", tmp_path / "xfer", client=rec.client())
+    with pytest.raises(WeightSyncError, match="update_weights"):
+        sync.push(state_dict(), 1)
+    assert rec.paths[-1] == "/resume" and "/finish_weight_update" not in rec.paths
 
 
 class FakeNccl:
@@ -177,7 +266,10 @@ def test_vllm_nccl_sequence() -> None:
     assert sync.push(weights, 3) == 3
     assert sync.push(weights, 4) == 4
     assert rec.paths[:2] == ["/get_world_size", "/init_weight_transfer_engine"]
-    update = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume"]
+    update = [
+        "/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache",
+        "/resume", "/weight_info",
+    ]  # fmt: skip
     assert rec.paths[2:] == update + update, "connect once, then one drained handshake per push"
     assert nccl.connected == [("10.0.0.1", 29555, 3)]  # vLLM world size 2 + the trainer
     assert rec.calls[1][3]["init_info"]["world_size"] == 3
@@ -185,7 +277,8 @@ def test_vllm_nccl_sequence() -> None:
     assert rec.calls[4][3] == {
         "update_info": {"names": ["a", "b"], "dtype_names": ["bfloat16", "float32"], "shapes": [[2, 3], [4]]}
     }
-    assert rec.calls[5][3] == {"weight_version": "3"} and rec.calls[10][3] == {"weight_version": "4"}
+    finished = [c[3] for c in rec.calls if c[1] == "/finish_weight_update"]
+    assert finished == [{"weight_version": "3"}, {"weight_version": "4"}]
     assert nccl.sent == [["a", "b"], ["a", "b"]]
     sync.close()
     assert rec.paths[-1] == "/shutdown_weight_transfer_engine"

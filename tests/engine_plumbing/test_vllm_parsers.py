@@ -1,16 +1,18 @@
-"""vLLM 0.33.0's own code checks what fineenvs sends it and what the stand-in answers.
+"""vLLM's own code checks what fineenvs sends it: both parsers, the protocol models, the NCCL trainer.
 
-The ``vllm`` tier runs in CI (``make test-vllm``). vLLM cannot serve on a CPU machine (its PyPI
-wheel needs CUDA), but it imports there from a throwaway environment (``scripts/vllm-cpu-env.sh``:
-CPU torch, ``vllm==0.33.0 --no-deps``, its non-CUDA requirements), which is enough for:
+The ``vllm`` tier runs in CI (``make test-vllm``), from vLLM's own environments that
+``python -m fineenvs.engine install-vllm`` builds in the cache:
 
-- its ``vllm serve`` argument parser and start-up validation (``vllm_argv.py``; vLLM's parser
-  needs a platform for its config defaults, so ``current_platform`` is set to vLLM's
-  ``CpuPlatform`` as ``vllm bench`` does; nothing is started);
-- its pydantic protocol models (``ChatCompletionRequest``, ``ChatCompletionResponse``);
-- its trainer-side NCCL weight-transfer engine (``NCCLTrainerWeightTransferEngine``,
-  ``NCCLTrainerInitInfo``) from the trainer's own environment (``install-vllm-client``), with only
-  its two CUDA-bound steps replaced: opening the NCCL communicator and the broadcast.
+- ``cpu``, vLLM's CPU build (vllm-cpu 0.32.0), which serves on this machine (``test_vllm_cpu.py``,
+  ``tests/integration/test_vllm_run.py``); here its ``vllm serve`` parser checks the CPU recipes.
+- ``parser``, vLLM 0.33.0 (the GPU release) imported on a CPU machine: its ``vllm serve`` parser
+  and start-up validation check every recipe's command line (``vllm_argv.py``; vLLM's parser needs
+  a platform for its config defaults, so ``current_platform`` is set to vLLM's ``CpuPlatform`` as
+  ``vllm bench`` does; nothing is started), its pydantic protocol models check the proxy's
+  requests and a real server's replies, and its trainer-side NCCL weight-transfer engine
+  (``install-vllm-client``) drives the control routes, with only its two CUDA-bound steps (the
+  NCCL communicator and the broadcast) replaced; the routes are answered by a recording fake
+  (``control_recorder.py``), as the real CPU server cannot open a NCCL group.
 
 A missing environment fails these tests with the command that builds it; nothing is skipped.
 """
@@ -30,29 +32,9 @@ import pytest
 
 from fineenvs.engine.vllm import build_serve_command, prepare_chat_template
 
-from .vllm_helpers import (
-    VLLM_ARGV,
-    fake_hub_cache,
-    hub_snapshot,
-    run_in_vllm_env,
-    vllm_parse_many,
-    vllm_python,
-)
+from .vllm_helpers import fake_hub_cache, hub_snapshot, real_vllm, run_in_vllm_env, vllm_parse_many
 
 pytestmark = pytest.mark.vllm
-
-
-def test_option_table_is_vllm_0_33s() -> None:
-    """The stand-in parses with vLLM's option table: it must be the installed vLLM's."""
-    done = subprocess.run(
-        [str(vllm_python()), str(VLLM_ARGV), "options"], capture_output=True, text=True, timeout=300, cwd="/"
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    committed = json.loads((VLLM_ARGV.parent / "vllm_options.json").read_text())
-    assert json.loads(done.stdout) == committed, (
-        "fineenvs/engine/vllm_options.json is stale: regenerate it with "
-        "`<vllm-cpu-env>/bin/python fineenvs/engine/vllm_argv.py options > fineenvs/engine/vllm_options.json`"
-    )
 
 
 def _compose(tmp_path: Path, *overrides: str) -> Any:
@@ -66,29 +48,42 @@ def _compose(tmp_path: Path, *overrides: str) -> Any:
     return to_run_config(cfg)
 
 
-RECIPES = {
+# The GPU recipes, as a GPU machine launches them (engine.platform=cuda), for vLLM 0.33's parser.
+GPU_RECIPES = {
     "rl_multi": ("rl_multi",),
     "rl_multi_nccl": ("rl_multi", "engine.weight_sync=nccl"),
+    "rl_multi_transfer": ("rl_multi", "engine.weight_sync=file_transfer"),
     "qwen_rl_multi": ("qwen_rl_multi",),
     "collect_teacher": ("collect_teacher",),
     "eval_dp2": ("eval", "engine.data_parallel_size=2"),
-    "tiny_lfm2_standin": (
-        "rl_multi",
-        "model=tiny_lfm2",
-        "engine.dtype=float32",
-        "engine.max_model_len=32768",
+    "tiny_lfm2": ("rl_multi", "model=tiny_lfm2", "engine.dtype=float32", "engine.max_model_len=32768"),
+}
+# What runs on this machine (vLLM's CPU build), for both parsers.
+CPU_RECIPES = {
+    "smoke": ("smoke", "engine=vllm"),
+    "smoke_transfer": ("smoke", "engine=vllm", "engine.weight_sync=file_transfer"),
+    "smoke_bf16_prefix": (
+        "smoke",
+        "engine=vllm",
+        "engine.dtype=bfloat16",
+        "engine.enable_prefix_caching=true",
     ),
 }
 
 
-def test_launcher_argv_passes_vllms_own_parser(tmp_path: Path) -> None:
-    """Every recipe's serve command, parsed and validated by vLLM 0.33.0 itself (one import)."""
+def _cases(tmp_path: Path, recipes: dict[str, tuple[str, ...]], *platform: str) -> list[tuple[str, Any]]:
     from fineenvs.plan import vllm_args
 
     cases = []
-    for name, (recipe, *extra) in sorted(RECIPES.items()):
-        run = _compose(tmp_path / name, f"+experiment={recipe}", *extra)
+    for name, (recipe, *extra) in sorted(recipes.items()):
+        run = _compose(tmp_path / name, f"+experiment={recipe}", *extra, *platform)
         cases.append((name, replace(vllm_args(run), port=8123)))
+    return cases
+
+
+def test_gpu_argv_passes_vllm_0_33s_own_parser(tmp_path: Path) -> None:
+    """Every GPU recipe's serve command, parsed and validated by vLLM 0.33.0 itself (one import)."""
+    cases = _cases(tmp_path, GPU_RECIPES, "engine.platform=cuda")
     hub_ids = sorted({args.model for _, args in cases if not Path(args.model).exists()})
     assert "Qwen/Qwen3.8-27B" in hub_ids  # the teacher is served from the Hub
     hub = fake_hub_cache(tmp_path / "hf-cache", hub_ids)
@@ -119,27 +114,33 @@ def test_launcher_argv_passes_vllms_own_parser(tmp_path: Path) -> None:
         assert got["return_tokens_as_token_ids"] is True and got["enable_prefix_caching"] is False
         assert got["port"] == 8123 and got["host"] == "127.0.0.1"
         assert got["data_parallel_size"] == args.data_parallel_size
+        assert got["gpu_memory_utilization"] == 0.85 and got["enforce_eager"] is True  # published
         assert got["chat_template"] == (None if template is None else str(template)), name
         assert got["enable_auto_tool_choice"] is True and got["tool_call_parser"] == args.tool_call_parser
-        expected = {"backend": "nccl"} if args.weight_sync == "nccl" else None
-        assert got["weight_transfer_config"] == expected, name
+        backend = {"nccl": "nccl", "file_transfer": "fineenvs_file"}.get(args.weight_sync or "")
+        assert got["weight_transfer_config"] == (None if backend is None else {"backend": backend}), name
     names = dict(cases)
     assert names["rl_multi"].weight_sync == "reload" and names["rl_multi_nccl"].weight_sync == "nccl"
     assert names["collect_teacher"].weight_sync is None and names["eval_dp2"].data_parallel_size == 2
 
 
-def test_vllm_refuses_what_the_standin_refuses(tmp_path: Path, tiny_qwen_dir: Path) -> None:
-    from fineenvs.engine.standin import StartupError, parse_serve_argv, startup_settings
-
-    cases = [
-        ["serve", str(tiny_qwen_dir), "--chat-template", str(tmp_path / "missing.jinja")],
-        ["serve", str(tiny_qwen_dir), "--enable-auto-tool-choice"],
-        ["serve", str(tiny_qwen_dir), "--no-such-flag"],
-    ]
-    for argv, result in zip(cases, vllm_parse_many(cases), strict=True):
-        assert not result["ok"], argv
-        with pytest.raises((StartupError, SystemExit)):
-            startup_settings(parse_serve_argv(argv), {})
+@pytest.mark.parametrize("build", ["cpu", "parser"])
+def test_cpu_argv_passes_both_parsers(tmp_path: Path, build: str) -> None:
+    """What runs here, checked by the CPU build's parser (0.32) and by 0.33's: the same flags as on
+    a GPU but the GPU memory fraction, compiled instead of eager."""
+    cases = _cases(tmp_path, CPU_RECIPES)
+    parsed = vllm_parse_many([build_serve_command(args)[1:] for _, args in cases], build=build)
+    for (name, args), result in zip(cases, parsed, strict=True):
+        assert result["ok"], (build, name, result)
+        got = result["args"]
+        assert args.platform == "cpu" and "--gpu-memory-utilization" not in build_serve_command(args)
+        assert got["enforce_eager"] is False and got["logprobs_mode"] == "processed_logprobs"
+        assert got["served_model_name"] == ["tiny_agent"] and got["tool_call_parser"] == "hermes"
+        assert got["dtype"] == args.dtype and got["enable_prefix_caching"] is args.enable_prefix_caching
+        backend = {"file_transfer": {"backend": "fineenvs_file"}}.get(args.weight_sync or "")
+        assert got["weight_transfer_config"] == backend, name
+    names = dict(cases)
+    assert names["smoke"].weight_sync == "reload" and names["smoke_bf16_prefix"].dtype == "bfloat16"
 
 
 CHECK_REQUESTS = r"""
@@ -151,14 +152,15 @@ for body in json.load(sys.stdin):
     sp = req.to_sampling_params(body["max_tokens"], {})
     so = sp.structured_outputs
     out.append({"structured": None if so is None else {"json": so.json is not None, "json_object": bool(so.json_object)},
-                "return_token_ids": req.return_token_ids, "return_weight_versions": req.return_weight_versions,
+                "return_token_ids": req.return_token_ids, "return_weight_versions": getattr(req, "return_weight_versions", None),
                 "include_reasoning": req.include_reasoning, "logprobs": sp.logprobs, "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "min_p": sp.min_p, "n": sp.n, "max_tokens": sp.max_tokens})
 print(json.dumps(out))
 """
 
 
-def test_proxy_engine_requests_are_valid_vllm_chat_requests() -> None:
+@pytest.mark.parametrize("build", ["cpu", "parser"])
+def test_proxy_engine_requests_are_valid_vllm_chat_requests(build: str) -> None:
     from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
     from fineenvs.proxy.upstream import build_engine_request
 
@@ -191,10 +193,12 @@ def test_proxy_engine_requests_are_valid_vllm_chat_requests() -> None:
         {"messages": [{"role": "user", "content": "Title?"}], "response_format": {"type": "json_object"}},
     ]
     bodies = [build_engine_request(c, settings).body for c in canonical]
-    checked = run_in_vllm_env(CHECK_REQUESTS, bodies)
+    checked = run_in_vllm_env(CHECK_REQUESTS, bodies, build=build)
     for got in checked:
         # Full-distribution sampling reaches vLLM's SamplingParams whatever the agent asked for,
-        # with token ids, one logprob per token, the weight versions and the reasoning kept.
+        # with token ids, one logprob per token, the weight versions and the reasoning kept. (The
+        # CPU build accepts return_weight_versions but fills no spans into chat replies: the proxy
+        # then reads /weight_info around each call, fineenvs.proxy.upstream.VersionBracket.)
         assert got["return_token_ids"] and got["return_weight_versions"] and got["include_reasoning"]
         assert (got["temperature"], got["top_p"], got["top_k"], got["min_p"]) == (0.8, 1.0, -1, 0.0)
         assert got["logprobs"] == 0 and got["n"] == 1
@@ -215,40 +219,24 @@ reply = json.load(sys.stdin)
 parsed = ChatCompletionResponse.model_validate(reply)
 choice = parsed.choices[0]
 print(json.dumps({"token_ids": choice.token_ids, "prompt_token_ids": parsed.prompt_token_ids,
-                  "weight_versions": [{"version": s.version, "start": s.start, "end": s.end} for s in choice.weight_versions],
                   "tokens": [c.token for c in choice.logprobs.content], "finish": choice.finish_reason}))
 """
 
 
-@pytest.fixture(scope="module")
-def standin_url(tiny_qwen_dir: Path) -> Iterator[str]:
-    from fineenvs.engine.server import serve_in_thread
-    from fineenvs.engine.standin import create_standin_app, parse_serve_argv, startup_settings
+def test_a_real_cpu_servers_replies_parse_as_vllm_0_33s_chat_response(tmp_path: Path) -> None:
+    """The CPU build (0.32) answers in the shape the GPU release (0.33) defines: what the proxy reads
+    from one is what it reads from the other."""
+    from fineenvs.models.tiny import ensure_tiny_model
 
-    ns = parse_serve_argv(
-        ["serve", str(tiny_qwen_dir), "--served-model-name", "tiny_qwen", "--logprobs-mode", "processed_logprobs",
-         "--return-tokens-as-token-ids", "--weight-transfer-config", '{"backend":"nccl"}']
-    )  # fmt: skip
-    with serve_in_thread(create_standin_app(startup_settings(ns, {"VLLM_SERVER_DEV_MODE": "1"}))) as url:
-        yield url
-
-
-def test_standin_replies_parse_as_vllms_chat_response(standin_url: str) -> None:
-    body = {
-        "model": "tiny_qwen",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 6,
-        "logprobs": True,
-        "top_logprobs": 0,
-        "return_token_ids": True,
-        "return_weight_versions": True,
-        "ignore_eos": True,
-    }
-    reply = httpx.post(standin_url + "/v1/chat/completions", json=body, timeout=60).json()
+    with real_vllm(ensure_tiny_model("tiny_agent"), tmp_path, weight_sync=None) as engine:
+        body = {
+            "model": "tiny_agent", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "logprobs": True, "top_logprobs": 0, "return_token_ids": True, "ignore_eos": True,
+        }  # fmt: skip
+        reply = httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=60).json()
     got = run_in_vllm_env(CHECK_RESPONSE, reply)
     assert got["token_ids"] == reply["choices"][0]["token_ids"] and len(got["token_ids"]) == 6
     assert got["prompt_token_ids"] == reply["prompt_token_ids"]
-    assert got["weight_versions"] == [{"version": "default", "start": 0, "end": 6}]
     assert got["tokens"] == [f"token_id:{t}" for t in got["token_ids"]]
 
 
@@ -285,22 +273,39 @@ print(json.dumps(calls))
 """
 
 
+CHECK_NCCL_PAYLOADS = r"""
+import json, sys
+from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferInitInfo, NCCLWeightTransferUpdateInfo
+events = json.load(sys.stdin)
+init = [NCCLWeightTransferInitInfo(**e["body"]["init_info"]) for e in events if e["route"] == "init_weight_transfer_engine"]
+updates = [NCCLWeightTransferUpdateInfo(**e["body"]["update_info"]) for e in events if e["route"] == "update_weights"]
+print(json.dumps({"init": [(i.rank_offset, i.world_size, i.packed) for i in init],
+                  "updates": [len(u.names) for u in updates]}))
+"""
+
+
+@pytest.fixture()
+def recorder() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    from fineenvs.engine.server import serve_in_thread
+
+    from .control_recorder import control_recorder
+
+    app, events = control_recorder()
+    with serve_in_thread(app) as url:
+        yield url, events
+
+
 def test_vllms_nccl_trainer_engine_drives_the_control_plane(
-    standin_url: str, tiny_qwen_dir: Path, tmp_path: Path
+    recorder: tuple[str, list[dict[str, Any]]], tiny_qwen_dir: Path
 ) -> None:
     from fineenvs.engine.vllm_client import client_problem
 
     problem = client_problem()
     if problem:
         pytest.fail(problem)
+    url, events = recorder
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PUSH_WITH_VLLMS_TRAINER_ENGINE,
-            standin_url,
-            str(tiny_qwen_dir / "model.safetensors"),
-        ],
+        [sys.executable, "-c", PUSH_WITH_VLLMS_TRAINER_ENGINE, url, str(tiny_qwen_dir / "model.safetensors")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -313,15 +318,24 @@ def test_vllms_nccl_trainer_engine_drives_the_control_plane(
     # vLLM's NCCLTrainerInitInfo needs rank= (the trainer is the sender, rank 0); world = 1 worker + trainer.
     assert calls[0] == {"open": {"rank": 0, "world_size": 2, "packed": True}}
     assert calls[1:] == [{"broadcast": names}, {"broadcast": names}, {"destroy": True}]
-    events = httpx.get(standin_url + "/server_info").json()["standin"]["events"]
-    kinds = [e["kind"] for e in events]
-    round_ = ["pause", "start_weight_update", "update_weights", "finish_weight_update", "resume"]
-    assert kinds == ["init_weight_transfer_engine", *round_, *round_, "shutdown_weight_transfer_engine"], (
-        kinds
-    )
-    init = events[0]["init_info"]
-    # What vLLM's build_worker_init_payload sends the workers (rank_offset 1: after the trainer).
-    assert (init["rank_offset"], init["world_size"], init["packed"]) == (1, 2, True)
-    assert [e["mode"] for e in events if e["kind"] == "pause"] == ["keep", "keep"]
-    assert [e["parameters"] for e in events if e["kind"] == "update_weights"] == [len(names), len(names)]
-    assert [e["weight_version"] for e in events if e["kind"] == "finish_weight_update"] == ["1", "2"]
+    routes = [e["route"] for e in events]
+    round_ = [
+        "pause", "start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache", "resume",
+        "weight_info",
+    ]  # fmt: skip
+    assert routes == [
+        "get_world_size",
+        "init_weight_transfer_engine",
+        *round_,
+        *round_,
+        "shutdown_weight_transfer_engine",
+    ], routes
+    assert [e["query"] for e in events if e["route"] == "pause"] == [{"mode": "keep"}] * 2
+    assert [e["query"] for e in events if e["route"] == "reset_prefix_cache"] == [
+        {"reset_running_requests": "true"}
+    ] * 2
+    assert [e["body"]["weight_version"] for e in events if e["route"] == "finish_weight_update"] == ["1", "2"]
+    # The payloads are what vLLM 0.33's own worker-side dataclasses take (rank_offset 1: after the trainer).
+    checked = run_in_vllm_env(CHECK_NCCL_PAYLOADS, events)
+    # The second round names no parameter: vLLM's engine reuses the metadata it sent first.
+    assert checked == {"init": [[1, 2, True]], "updates": [len(names), 0]}
