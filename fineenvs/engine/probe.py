@@ -139,7 +139,8 @@ def _top2_gap(result: dict[str, Any]) -> float | None:
     entries = _logprob_entries(result["choices"][0])
     if not entries:
         return None
-    values = sorted((float(t["logprob"]) for t in entries[0].get("top_logprobs") or []), reverse=True)
+    tops = {t.get("token"): float(t["logprob"]) for t in entries[0].get("top_logprobs") or []}
+    values = sorted(tops.values(), reverse=True)
     if len(values) < 2 or not all(math.isfinite(v) for v in values[:2]):
         return None
     return values[0] - values[1]
@@ -205,7 +206,9 @@ def _check_mode(report: ProbeReport, client: httpx.Client, model: str) -> None:
         "top_p": 1.0,
         "seed": 0,
         "logprobs": True,
-        "top_logprobs": 2,
+        # vLLM lists the sampled token first, then the n-1 most likely: with 5 the two most likely
+        # are there whichever token was sampled (with 2, a sampled third token hides the second).
+        "top_logprobs": 5,
     }
     report.gap_t1 = _top2_gap(_completion(client, report.url, base | {"temperature": 1.0}))
     report.gap_t2 = _top2_gap(_completion(client, report.url, base | {"temperature": 2.0}))

@@ -182,9 +182,12 @@ def test_one_logprob_per_sampled_token(engine: Engine) -> None:
         assert entry["token"] == f"token_id:{token_id}"
         assert entry["logprob"] <= 0.0
         tops = entry["top_logprobs"]
-        assert len(tops) == 3
-        assert [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
-        assert tops[0]["logprob"] >= entry["logprob"]
+        assert len(tops) == 3 and len({t["token"] for t in tops}) == 3
+        # vLLM lists the sampled token first, then the most likely others; the embedded engine the
+        # three most likely in order. Either way the sampled token's logprob is there, and the
+        # list holds at least the n-1 most likely tokens.
+        values = sorted((t["logprob"] for t in tops), reverse=True)
+        assert any(t["token"] == entry["token"] for t in tops) or entry["logprob"] <= values[-1]
         assert all(t["token"].startswith("token_id:") for t in tops)
 
 
@@ -257,9 +260,13 @@ def test_temperature_scales_processed_logprobs(engine: Engine) -> None:
     # The capability probe's raw-vs-processed test: the top-2 gap halves from T=1 to T=2.
     gaps = []
     for temperature in (1.0, 2.0):
-        reply = engine.ok(max_tokens=1, temperature=temperature, seed=0, top_logprobs=2)
-        tops = reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-        gaps.append(tops[0]["logprob"] - tops[1]["logprob"])
+        # Five: vLLM puts the sampled token first, so two could miss the second most likely.
+        reply = engine.ok(max_tokens=1, temperature=temperature, seed=0, top_logprobs=5)
+        tops = sorted(
+            (t["logprob"] for t in reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]),
+            reverse=True,
+        )
+        gaps.append(tops[0] - tops[1])
     assert gaps[0] > 0 and abs(gaps[1] - gaps[0] / 2) <= 1e-3 * max(1.0, gaps[0])
 
 
@@ -273,7 +280,7 @@ def test_tool_call_text_comes_back_structured(engine: Engine) -> None:
             return_token_ids=True,
         )
         assert status == 200, reply
-        if not reply["choices"][0]["message"]["tool_calls"]:
+        if not reply["choices"][0]["message"].get("tool_calls"):  # vLLM leaves the key out
             pytest.skip(
                 "the external model answered in text; the tool-call parser is exercised on local engines"
             )
@@ -322,8 +329,12 @@ def test_malformed_tool_call_stays_content(engine: Engine) -> None:
 
 
 def test_context_overflow_is_vllm_400(engine: Engine) -> None:
+    """A prompt longer than the context is vLLM's 400 (what the proxy turns into a stop reply). A
+    short prompt with a too large max_tokens is not an overflow: vLLM 0.32 shortens max_tokens."""
     max_len = httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"][0]["max_model_len"]
-    status, reply = engine.chat(max_tokens=max_len)
+    status, reply = engine.chat(
+        messages=[{"role": "user", "content": "word " * (max_len + 100)}], max_tokens=8
+    )
     assert status == 400
     err = reply["error"]
     assert err["type"] == "BadRequestError" and err["code"] == 400
