@@ -127,8 +127,24 @@ def _sft_overrides(
     ]
 
 
-def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) -> dict[str, list[list[str]]]:
-    """The ``fineenvs.run`` override lists of each stage (a stage may be several runs)."""
+def engine_overrides(run: RunConfig) -> list[str]:
+    """What the RL and evaluation stages add for the recipe's engine: nothing for the embedded
+    engine (the stages' default); with ``engine=vllm``, vLLM (its CPU build here) with its prefix
+    cache on, as agents resend their growing histories. The teacher stays on the embedded engine,
+    whose scripted expert it is; the SFT stages start no engine."""
+    from fineenvs.config import EngineKind
+
+    if run.engine.kind is not EngineKind.vllm:
+        return []
+    return ["engine=vllm", "engine.enable_prefix_caching=true"]
+
+
+def stage_commands(
+    m: MiniReproSpec, out: Path, checkpoints: dict[str, Path], engine: list[str] | None = None
+) -> dict[str, list[list[str]]]:
+    """The ``fineenvs.run`` override lists of each stage (a stage may be several runs); ``engine``
+    is ``engine_overrides``' list for the stages that serve the student."""
+    engine = engine or []
     others = [h for h in m.harnesses if h != m.base_harness]
     teacher = out / "teacher"
     # The first sft_mix_tasks training tasks of every other harness (and of the base harness with
@@ -162,8 +178,8 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
         commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={held + base_mix}"])
     base = checkpoints.get("base")
     if base is not None:
-        commands["rl_one"] = [_rl_overrides(m, [m.base_harness], base)]
-        commands["rl_mix"] = [_rl_overrides(m, list(m.harnesses), base)]
+        commands["rl_one"] = [[*_rl_overrides(m, [m.base_harness], base), *engine]]
+        commands["rl_mix"] = [[*_rl_overrides(m, list(m.harnesses), base), *engine]]
         commands["sft_mix"] = [
             [
                 *_sft_overrides(
@@ -188,6 +204,7 @@ def stage_commands(m: MiniReproSpec, out: Path, checkpoints: dict[str, Path]) ->
                 f"eval.checkpoints={_list([str(p) for p in ready])}",
                 "eval.split=eval",
                 f"eval.limit={m.eval_tasks if m.eval_tasks is not None else 'null'}",
+                *engine,
                 "engine.weight_sync=none",
             ]
         ]
@@ -316,9 +333,10 @@ def run_mini_repro(run: RunConfig) -> float | None:
     started = time.monotonic()
     checkpoints: dict[str, Path] = {}
     extra = stage_extra(run)
+    engine = engine_overrides(run)
     for stage in m.stages:
         stage_dir = out / stage
-        runs = stage_commands(m, out, checkpoints).get(stage)
+        runs = stage_commands(m, out, checkpoints, engine).get(stage)
         if stage != "report" and (stage_dir / DONE).is_file():
             _check_reuse(stage, stage_dir, runs, extra)
             print(f"mini_repro: {stage} already done ({stage_dir})", flush=True)

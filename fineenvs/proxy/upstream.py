@@ -323,7 +323,8 @@ class VersionBracket:
     between ``/pause`` and ``/resume``), so equal readings mean one version sampled every token,
     and different readings mean the call was frozen across a push (recorded with the older
     version, as vLLM's spans give, and no spans). The first reply that carries a version turns
-    the readings off for good; a server without ``/weight_info`` (404: no dev mode) too.
+    the readings off for good; a server without ``/weight_info`` (404: no dev mode), or one whose
+answer to it fails in any other way, too.
     """
 
     def __init__(self, client: EngineClient, settings: ProxySettings) -> None:
@@ -338,6 +339,9 @@ class VersionBracket:
         try:
             resp = await self.client.get(self.url, timeout=10.0)
         except EngineUnreachable:
+            return None
+        except Exception:  # noqa: BLE001 - a best-effort reading must never fail the call it brackets
+            self.mode = "off"
             return None
         if resp.status_code == 404:
             self.mode = "off"

@@ -219,3 +219,26 @@ def test_wilson_interval_and_table(tmp_path: Path) -> None:
     assert "| base | 0.50 [0.19, 0.81] | 0.50 [0.19, 0.81] |" in table
     assert "| rl_one vs base | 3 / 0 (p = 0.12) | 3 / 0 (p = 0.12) |" in table
     assert "| rl_one | 1.00 [0.61, 1.00]" in table and "2.00 → 1.00 tool calls (-50%)" in table
+
+
+def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_its_expert(tmp_path: Path) -> None:
+    """``+experiment=mini_repro engine=vllm``: the RL and evaluation stages run vLLM (its CPU build
+    on a CPU machine) with the prefix cache on; the teacher stays the embedded engine's scripted
+    expert, the SFT stages start no engine; with the embedded engine nothing is added."""
+    from fineenvs.jobs.mini_repro import engine_overrides
+
+    run = _load("engine=vllm", f"output_dir={tmp_path}")
+    engine = engine_overrides(run)
+    assert engine == ["engine=vllm", "engine.enable_prefix_caching=true"]
+    assert engine_overrides(_load(f"output_dir={tmp_path}")) == []
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
+    commands = stage_commands(run.mini_repro, tmp_path, ckpts, engine)
+    for name, overrides in commands.items():
+        for o in overrides:
+            stage = _load(*o, f"output_dir={tmp_path / name}")
+            served_by_vllm = name in ("rl_one", "rl_mix", "eval")
+            assert (stage.engine.kind is EngineKind.vllm) is served_by_vllm, name
+            if served_by_vllm:
+                assert stage.engine.enable_prefix_caching and stage.model.name == "tiny_agent"
+    (ev,) = [_load(*o, f"output_dir={tmp_path / 'ev'}") for o in commands["eval"]]
+    assert ev.engine.weight_sync.value == "none"
