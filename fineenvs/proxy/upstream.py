@@ -324,7 +324,7 @@ class VersionBracket:
     and different readings mean the call was frozen across a push (recorded with the older
     version, as vLLM's spans give, and no spans). The first reply that carries a version turns
     the readings off for good; a server without ``/weight_info`` (404: no dev mode), or one whose
-answer to it fails in any other way, too.
+    answer to it fails in any other way, too.
     """
 
     def __init__(self, client: EngineClient, settings: ProxySettings) -> None:

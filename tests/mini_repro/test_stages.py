@@ -221,7 +221,9 @@ def test_wilson_interval_and_table(tmp_path: Path) -> None:
     assert "| rl_one | 1.00 [0.61, 1.00]" in table and "2.00 → 1.00 tool calls (-50%)" in table
 
 
-def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_its_expert(tmp_path: Path) -> None:
+def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_its_expert(
+    tmp_path: Path,
+) -> None:
     """``+experiment=mini_repro engine=vllm``: the RL and evaluation stages run vLLM (its CPU build
     on a CPU machine) with the prefix cache on; the teacher stays the embedded engine's scripted
     expert, the SFT stages start no engine; with the embedded engine nothing is added."""
