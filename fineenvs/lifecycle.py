@@ -60,9 +60,15 @@ def _marked(value: str) -> list[int]:
 def reap_leftovers(out: Path, grace_s: float = 5.0) -> list[int]:
     """Stop every process an earlier run on ``out`` left behind; return their pids."""
     value = str(Path(out).resolve())
-    found = _marked(value)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in found:
+    found: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
+        # Rescanned every round: a leftover may fork between the scan and the signal (a shell
+        # starting its command), and that child carries the mark too.
+        live = _marked(value)
+        if not live:
+            break
+        found += [pid for pid in live if pid not in found]
+        for pid in live:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -70,8 +76,6 @@ def reap_leftovers(out: Path, grace_s: float = 5.0) -> list[int]:
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
         while time.monotonic() < deadline and _marked(value):
             time.sleep(0.1)
-        if not _marked(value):
-            break
     return found
 
 

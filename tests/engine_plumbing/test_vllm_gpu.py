@@ -49,14 +49,19 @@ def _greedy(url: str, model: str) -> list[int]:
 
 
 def test_launch_probe_and_reload_sync(tmp_path: Path) -> None:
-    python = os.environ.get("FINEENVS_VLLM_PYTHON")
+    from fineenvs.engine.install import installed_python
+
+    installed = installed_python("cuda")
+    python = os.environ.get("FINEENVS_VLLM_PYTHON") or (str(installed) if installed else None)
     if python is None and shutil.which("vllm") is None:
-        pytest.skip("no vLLM: set FINEENVS_VLLM_PYTHON=/path/to/vllm-venv/bin/python")
+        pytest.skip(
+            "no vLLM: `python -m fineenvs.engine install-vllm`, or FINEENVS_VLLM_PYTHON=/path/to/vllm-venv/bin/python"
+        )
     model = os.environ.get("FINEENVS_VLLM_MODEL")
     if model is None:
         from fineenvs.models.tiny import ensure_tiny_model
 
-        model = str(ensure_tiny_model("tiny_qwen"))
+        model = str(ensure_tiny_model("tiny_agent"))  # heads of 32: every attention backend serves them
     args = VLLMServeArgs(
         model=model,
         served_model_name="probe-model",
