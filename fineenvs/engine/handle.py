@@ -4,14 +4,16 @@ Three ways to get one, all usable as ``with`` or ``async with`` (the engine is h
 block and stopped after it, whatever happens):
 
 - ``launch_transformers_engine("tiny_qwen", log_dir=...)``: the embedded engine as a child process.
-- ``launch_vllm(VLLMServeArgs(...), log_dir=...)``: the published vLLM command (GPU machines only).
+- ``launch_vllm(VLLMServeArgs(...), log_dir=...)``: the published vLLM command (its CUDA or CPU build).
 - ``attach("http://host:port")``: a server someone else started; nothing is launched or stopped.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, replace
@@ -52,6 +54,8 @@ class EngineHandle:
     weight_sync: WeightSync | None = None
     log_path: Path | None = None
     pid: int | None = None
+    scratch_dir: Path | None = None
+    """The launched server's own temporary directory (vLLM's IPC sockets), removed when it stops."""
 
     @property
     def openai_base_url(self) -> str:
@@ -163,6 +167,7 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
     def _retry(self, attempt: int, handle: EngineHandle, exc: EngineStartError) -> bool:
         if handle.weight_sync is not None:
             handle.weight_sync.close()
+        _remove_scratch(handle)
         return self.port == 0 and attempt + 1 < _PORT_TRIES and _port_taken(exc)
 
     def __enter__(self) -> EngineHandle:
@@ -187,7 +192,10 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             if self.handle.weight_sync is not None:
                 self.handle.weight_sync.close()
         finally:
-            self._sync.__exit__(exc_type, exc, tb)
+            try:
+                self._sync.__exit__(exc_type, exc, tb)
+            finally:
+                _remove_scratch(self.handle)
 
     async def __aenter__(self) -> EngineHandle:
         for attempt in range(_PORT_TRIES):
@@ -211,7 +219,15 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             if self.handle.weight_sync is not None:
                 self.handle.weight_sync.close()
         finally:
-            await self._async.__aexit__(exc_type, exc, tb)
+            try:
+                await self._async.__aexit__(exc_type, exc, tb)
+            finally:
+                _remove_scratch(self.handle)
+
+
+def _remove_scratch(handle: EngineHandle) -> None:
+    if handle.scratch_dir is not None:
+        shutil.rmtree(handle.scratch_dir, ignore_errors=True)
 
 
 def launch_transformers_engine(
@@ -310,14 +326,22 @@ def launch_vllm(
         weight_sync = vllm_weight_sync(
             served.weight_sync, served.url, log_dir / "weights", log_dir / "vllm.log"
         )
+        env = build_serve_env(served)
+        scratch = None
+        if "VLLM_RPC_BASE_PATH" not in env:
+            # vLLM's ZMQ sockets would otherwise stay in /tmp after every stop, one set per start.
+            # Not under log_dir: a socket path has at most 107 bytes.
+            scratch = Path(tempfile.mkdtemp(prefix="fineenvs-vllm-"))
+            env["VLLM_RPC_BASE_PATH"] = str(scratch)
         handle = EngineHandle(
             url=served.url,
             served_model_name=served.name,
             kind="vllm",
             weight_sync=weight_sync,
             log_path=log_dir / "vllm.log",
+            scratch_dir=scratch,
         )
-        return build_serve_command(served), build_serve_env(served), handle
+        return build_serve_command(served), env, handle
 
     return EngineLaunch(
         build=build,

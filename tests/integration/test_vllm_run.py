@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,11 @@ def _calls(out: Path) -> list[dict[str, Any]]:
     return calls
 
 
+def _left_in_tmp() -> set[str]:
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for p in tmp.iterdir() if p.name.startswith("fineenvs-vllm-") or p.is_socket()}
+
+
 def _checks(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "parity" / "checks.jsonl").read_text().splitlines()]
 
@@ -83,6 +89,7 @@ def _sampled_logprobs(model_dir: Path, prompt: list[int], sampled: list[int]) ->
 def test_the_smoke_job_runs_on_real_vllm(tmp_path: Path, sync: str) -> None:
     _needs()
     out = tmp_path / "run"
+    left_before = _left_in_tmp()
     started = time.monotonic()
     res = subprocess.run(
         _cmd(out, f"engine.weight_sync={sync}"),
@@ -93,6 +100,8 @@ def test_the_smoke_job_runs_on_real_vllm(tmp_path: Path, sync: str) -> None:
         timeout=1500,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    # vLLM's IPC sockets lived in the launch's own directory, gone with the server.
+    assert _left_in_tmp() <= left_before, _left_in_tmp() - left_before
     summary = json.loads((out / "summary.json").read_text())
     print(
         f"{sync}: {time.monotonic() - started:.0f} s; first train/ratio {summary['first_ratio']}, "
