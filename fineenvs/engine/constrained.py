@@ -2,7 +2,7 @@
 
 vLLM serves ``response_format`` (``json_object``, ``json_schema``) and ``structured_outputs``
 (``json``, ``regex``, ``choice``, ``grammar``) with a grammar mask; agents rely on it (Claude
-Code's title call, Gemini CLI's side checks), so the stand-in and the embedded engine must too.
+Code's title call, Gemini CLI's side checks), so the embedded engine must too.
 
 Library: llguidance (``llguidance>=1.7,<1.8``: the version range vLLM 0.33 pins for its
 ``guidance`` structured-output backend). It is a Rust core with CPU wheels and no Python

@@ -92,10 +92,10 @@ def require_cuda(what: str = "engine=vllm", devices: tuple[list[str], str] | Non
     if gpus:
         return gpus
     raise EngineUnavailableError(
-        f"{what} needs an NVIDIA GPU with CUDA, but none is usable here: {reason}. vLLM 0.33 from PyPI "
-        "cannot serve on CPU. Either run on a GPU machine; or use the embedded engine, "
-        "engine=transformers (CPU or one GPU); or attach to a vLLM server started elsewhere with "
-        "engine.url=http://HOST:PORT."
+        f"{what} on the cuda platform needs an NVIDIA GPU, but none is usable here: {reason}. "
+        "Without a GPU: engine.platform=cpu (or auto) serves with vLLM's CPU build (install it with "
+        "`python -m fineenvs.engine install-vllm`); engine=transformers is the embedded engine; "
+        "engine.url=http://HOST:PORT attaches to a vLLM server started elsewhere."
     )
 
 

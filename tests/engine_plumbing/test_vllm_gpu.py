@@ -2,8 +2,8 @@
 
 - ``--engine-url=http://host:port`` (option from tests/conftest.py): probe a running vLLM; it must
   be graded ``tokens`` (i.e. it was started with the published flags).
-- Launch and sync: ``FINEENVS_VLLM_MODEL`` (a local HF checkpoint directory; default: the tiny
-  Qwen3 model built offline) served by vLLM (``FINEENVS_VLLM_PYTHON`` = a vLLM venv's python, else
+- Launch and sync: ``FINEENVS_VLLM_MODEL`` (a local HF checkpoint directory; default: tiny_agent,
+  built offline) served by vLLM (``FINEENVS_VLLM_PYTHON`` = a vLLM venv's python, else
   ``vllm`` on PATH) with checkpoint-reload weight sync: probe grade, a weight push that changes
   greedy generations, and the weight version reported by ``/weight_info``.
 """
@@ -22,7 +22,7 @@ from fineenvs.engine.launcher import cuda_devices
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_devices()[0], reason="needs an NVIDIA GPU (vLLM cannot serve on CPU)"),
+    pytest.mark.skipif(not cuda_devices()[0], reason="needs an NVIDIA GPU (vLLM's CUDA build; its CPU build is the vllm tier)"),
 ]
 
 
