@@ -147,7 +147,14 @@ def test_vllm_refused_without_gpu_before_anything_starts(tmp_path: Path) -> None
     with pytest.raises(EngineUnavailableError) as info:
         launch_vllm(VLLMServeArgs(model="Qwen/Qwen3.5-2B"), tmp_path / "run", check_gpu=no_gpu)
     message = str(info.value)
-    for hint in ("NVIDIA GPU", "no /dev/nvidia", "engine=transformers", "engine.url=", "engine.platform=cpu", "install-vllm"):
+    for hint in (
+        "NVIDIA GPU",
+        "no /dev/nvidia",
+        "engine=transformers",
+        "engine.url=",
+        "engine.platform=cpu",
+        "install-vllm",
+    ):
         assert hint in message
     assert not (tmp_path / "run").exists(), "nothing may be written or started before the GPU check"
 

@@ -22,7 +22,10 @@ from fineenvs.engine.launcher import cuda_devices
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_devices()[0], reason="needs an NVIDIA GPU (vLLM's CUDA build; its CPU build is the vllm tier)"),
+    pytest.mark.skipif(
+        not cuda_devices()[0],
+        reason="needs an NVIDIA GPU (vLLM's CUDA build; its CPU build is the vllm tier)",
+    ),
 ]
 
 
