@@ -71,6 +71,10 @@ class WeightSyncKind(enum.Enum):
     none = "none"  # never push weights (evaluation, teacher collection)
 
 
+VLLM_WEIGHT_SYNCS = frozenset({WeightSyncKind.nccl, WeightSyncKind.file_transfer, WeightSyncKind.reload})
+"""The weight syncs that drive vLLM's routes (and send tensors under checkpoint names)."""
+
+
 class EnginePlatform(enum.Enum):
     auto = "auto"  # cuda where an NVIDIA GPU is visible, else cpu
     cuda = "cuda"  # vLLM 0.33 on GPUs
@@ -554,6 +558,14 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+def engine_dtype(run: RunConfig) -> str:
+    """The dtype the engine serves in: what pushed weights are cast to."""
+    e = run.engine
+    if e.kind is EngineKind.transformers:
+        return e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype)
+    return e.dtype or run.model.dtype
+
+
 def validate(run: RunConfig) -> None:
     """Raise ConfigError listing every problem in ``run``."""
     problems: list[str] = []
@@ -754,8 +766,7 @@ def _check_engine(run: RunConfig) -> list[str]:
             "engine.python is set but only engine=vllm runs in a separate environment; the embedded engine "
             "uses this Python. Fix: engine.python=null"
         )
-    vllm_only = (WeightSyncKind.nccl, WeightSyncKind.file_transfer, WeightSyncKind.reload)
-    if e.weight_sync in vllm_only and e.kind is not EngineKind.vllm:
+    if e.weight_sync in VLLM_WEIGHT_SYNCS and e.kind is not EngineKind.vllm:
         out.append(
             f"engine.weight_sync={e.weight_sync.value} drives vLLM's routes, but engine={e.kind.value}. "
             "Fix: engine.weight_sync=auto (http for the embedded engine)"
@@ -770,6 +781,17 @@ def _check_engine(run: RunConfig) -> list[str]:
             "engine.weight_sync=nccl broadcasts GPU to GPU, but engine.platform=cpu. Fix: "
             "engine.weight_sync=file_transfer (the same weight-transfer routes, the tensors in a file) or reload"
         )
+    if run.job in (Job.rl, Job.mini_repro) and e.parity_gate and e.parity_tolerance is None:
+        from fineenvs.engine.parity import UNIT_ROUNDOFF
+
+        for what, dtype in (("the engine's dtype", engine_dtype(run)), ("trainer.dtype", run.trainer.dtype)):
+            if dtype not in UNIT_ROUNDOFF:
+                out.append(
+                    f"the parity gate derives its tolerance from the dtypes, and {what} is {dtype!r}, which "
+                    f"it has none for ({', '.join(UNIT_ROUNDOFF)}). Fix: engine.dtype / trainer.dtype one of "
+                    "those, engine.parity_tolerance=<mean |logprob difference| allowed>, or "
+                    "engine.parity_gate=false"
+                )
     if e.parity_tolerance is not None and not e.parity_tolerance > 0:
         out.append(
             f"engine.parity_tolerance must be > 0 (got {e.parity_tolerance}). Fix: engine.parity_tolerance=null "

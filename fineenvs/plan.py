@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.config import (
+    VLLM_WEIGHT_SYNCS,
     EngineKind,
     EnginePlatform,
     GRPOSpec,
@@ -111,9 +112,6 @@ def model_serving_path(run: RunConfig) -> str:
     return m.path
 
 
-_VLLM_SYNCS = (WeightSyncKind.nccl, WeightSyncKind.file_transfer, WeightSyncKind.reload)
-
-
 def vllm_args(run: RunConfig) -> Any:
     """Map the typed config onto the launcher's arguments.
 
@@ -160,7 +158,7 @@ def vllm_args(run: RunConfig) -> Any:
         top_k=s.top_k,
         enforce_eager=e.enforce_eager,
         enable_prefix_caching=e.enable_prefix_caching,
-        weight_sync=sync.value if sync in _VLLM_SYNCS else None,
+        weight_sync=sync.value if sync in VLLM_WEIGHT_SYNCS else None,
         extra_args=list(e.extra_args),
         python=vllm_python(run),
     )

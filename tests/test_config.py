@@ -269,6 +269,14 @@ def test_cpu_platform_settings_are_checked_at_compose_time() -> None:
         load("+experiment=smoke", "engine.weight_sync=file_transfer", "output_dir=/tmp/x")
 
 
+def test_a_parity_gate_without_a_tolerance_for_the_dtype_is_refused_at_compose_time() -> None:
+    with pytest.raises(ConfigError, match="the engine's dtype is 'float8'.*engine.parity_tolerance="):
+        load("+experiment=smoke", "engine=vllm", "engine.dtype=float8", "output_dir=/tmp/x")
+    # A tolerance given, or no gate: the dtype is the engine's business.
+    for extra in ("engine.parity_tolerance=0.5", "engine.parity_gate=false"):
+        assert load("+experiment=smoke", "engine=vllm", "engine.dtype=float8", extra, "output_dir=/tmp/x")
+
+
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [

@@ -301,10 +301,6 @@ def _print_session(models: list[str], lengths: list[int], args: argparse.Namespa
         )
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # --------------------------------------------------------------------------- vLLM vs embedded
 
 
@@ -453,3 +449,7 @@ def _print_versus(args: argparse.Namespace) -> None:
     )
     for (tokens, ec, eu), (_, vc, vu) in zip(embedded.ttft, vllm.ttft, strict=True):
         print(f"{tokens:>8}{ec:>17.3f}{eu:>10.3f}{vc:>13.3f}{vu:>10.3f}{vc / ec:>16.2f}x")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

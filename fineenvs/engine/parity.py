@@ -26,7 +26,9 @@ logprobs of the same fixed token sequences and compares them.
 - **A push that did not take**: the gate keeps the trainer's logprobs of the previous check. After
   a push, if the trainer moved on these sequences by more than three times the noise the first
   check measured (``moved > 3 d0``) but the engine is closer to the previous weights than to the
-  new ones, the push did not take, even if the disagreement is still inside the tolerance.
+  new ones, the push did not take, even if the disagreement is still inside the tolerance. The
+  kept logprobs move on only once the trainer moved that far from them, so a run of small steps
+  whose pushes never take is caught when their sum leaves the noise.
 
 A failed check raises ``ParityError`` (what, by how much, why, the fix); the RL job stops before the
 next optimizer step. Each check is appended to ``<output>/parity/checks.jsonl``.
@@ -280,8 +282,17 @@ class ParityGate:
             raise ParityError(f"parity gate: {problem}")
         if self._noise is None:
             self._noise = mean_abs
-        self._previous = (version, ours)
+        if self._previous is None or self._moved(ours):
+            # The anchor stays until the trainer has moved clearly away from it: a push that never
+            # takes is caught after a few small steps, not judged step by step inside the noise.
+            self._previous = (version, ours)
         return check
+
+    def _moved(self, ours: list[list[float]]) -> bool:
+        """Whether the trainer moved from the anchor by more than ``NOISE_MULTIPLE`` x the noise."""
+        assert self._previous is not None
+        noise = self._noise if self._noise is not None else self.tolerance
+        return _mean_abs(ours, self._previous[1]) > NOISE_MULTIPLE * noise
 
     def close(self) -> None:
         if self._own_client:

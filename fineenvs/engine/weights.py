@@ -73,6 +73,10 @@ class WeightSyncError(RuntimeError):
 
 PAUSE_MODE = "keep"
 
+REFUSED_BEFORE_LOADING = "fineenvs_file refused the update before loading anything"
+"""The plugin's prefix for an update it checked and refused (``fineenvs_vllm_plugin.REFUSED``):
+the engine still serves the previous weights."""
+
 
 class WeightSync(Protocol):
     def push(self, weights: Weights, version: int) -> int:
@@ -252,6 +256,14 @@ class _VLLMServer:
         self.url = url
         self.client = client
         self.log_path = log_path
+        self.weights = "previous"
+        """What the engine holds during a push: ``previous`` until a step that loads weights
+        starts, ``partial`` from then on, ``new`` once every loading step answered."""
+
+    def moving(self) -> None:
+        """Mark that the next call starts loading weights: a failure from here on may leave the
+        engine's weights partly updated, and the error says so."""
+        self.weights = "partial"
 
     def post(self, path: str, what: str, hint: str = "", **kwargs: Any) -> dict[str, Any]:
         try:
@@ -261,6 +273,8 @@ class _VLLMServer:
         try:
             _check(response, what, hint)
         except WeightSyncError as exc:
+            if REFUSED_BEFORE_LOADING in response.text:
+                self.weights = "previous"  # the plugin checked the update and loaded nothing
             raise WeightSyncError(f"{exc}{self._health()}") from None
         try:
             body: dict[str, Any] = response.json()
@@ -274,8 +288,16 @@ class _VLLMServer:
             alive = self.client.get(self.url + "/health", timeout=10.0).status_code == 200
         except httpx.HTTPError:
             alive = False
-        if alive:
+        if alive and self.weights == "previous":
             return " The server is still up and serves the previous weights."
+        if alive and self.weights == "new":
+            return " The server is still up and holds the new weights."
+        if alive:
+            return (
+                " The server is still up, but its weights may be partly updated: the step that loads "
+                "them failed midway. The run stops here; rerunning the same command resumes from the last "
+                "checkpoint with a fresh server."
+            )
         where = f" Its log: {self.log_path}." if self.log_path else ""
         return (
             f" The vLLM server no longer answers /health: it died during the push.{where} The run stops "
@@ -285,17 +307,24 @@ class _VLLMServer:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Freeze running requests and queue new ones (``mode=keep``); always resume. A failure to
-        resume after an earlier failure does not hide the earlier one."""
-        self.post("/pause", "pause (freeze requests)", params={"mode": PAUSE_MODE})
+        resume after an earlier failure does not hide the earlier one. ``/resume`` is sent even
+        when ``/pause`` itself failed: a pause that timed out may still have taken effect."""
+        self.weights = "previous"
         failed = False
         try:
+            self.post("/pause", "pause (freeze requests)", params={"mode": PAUSE_MODE})
             yield
         except BaseException:
             failed = True
             raise
         finally:
             try:
-                self.post("/resume", "resume")
+                self.post(
+                    "/resume",
+                    "resume",
+                    "the server may still be paused (agents' calls queue until it resumes): "
+                    f"POST {self.url}/resume, or stop the run and rerun it to resume from its last checkpoint",
+                )
             except WeightSyncError:
                 if not failed:
                     raise
@@ -315,8 +344,9 @@ class _VLLMServer:
 
     def check_version(self, version: int) -> None:
         try:
-            served = self.client.get(self.url + "/weight_info").json().get("weight_version")
-        except (httpx.HTTPError, ValueError) as exc:
+            response = _check(self.client.get(self.url + "/weight_info"), "weight_info")
+            served = response.json().get("weight_version")
+        except (httpx.HTTPError, ValueError, WeightSyncError) as exc:
             raise WeightSyncError(
                 f"weight_info: GET {self.url}/weight_info failed ({exc}).{self._health()}"
             ) from exc
@@ -353,12 +383,14 @@ class VLLMReloadWeightSync:
             raise WeightSyncError(f"staged weights {path} vanished before the reload; nothing was sent.")
         with self.server.paused():
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            self.server.moving()
             self.server.post(
                 "/collective_rpc",
                 "reload_weights",
                 f"the vLLM server must be able to read {path} (same machine or a shared filesystem)",
                 json=rpc,
             )
+            self.server.weights = "new"
             self.server.post(
                 "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
             )
@@ -423,12 +455,14 @@ class VLLMFileTransferWeightSync:
             self._init()
         with self.server.paused():
             self.server.post("/start_weight_update", "start_weight_update")
+            self.server.moving()
             self.server.post(
                 "/update_weights", "update_weights", json={"update_info": {"path": str(path), "names": None}}
             )
             self.server.post(
                 "/finish_weight_update", "finish_weight_update", json={"weight_version": str(version)}
             )
+            self.server.weights = "new"
             self.server.reset_prefix_cache()
         self.server.check_version(version)
         self._staged.prune()
@@ -644,10 +678,12 @@ class VLLMNcclWeightSync:
             self._connect(weights)
         with self.server.paused():
             self.control.pending_version = str(version)
+            self.server.moving()
             try:
                 self.transport.send(weights)
             finally:
                 self.control.pending_version = None
+            self.server.weights = "new"
             self.server.reset_prefix_cache()
         self.server.check_version(version)
         return version

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import EngineKind, ModelSource, RunConfig
+from fineenvs.config import EngineKind, ModelSource, RunConfig, engine_dtype
 from fineenvs.rollout.attempt import AttemptSettings
 from fineenvs.trajectory import RowOptions
 
@@ -113,14 +113,6 @@ def attached_weight_sync(run: RunConfig, url: str, out: Path) -> Any:
     if sync is WeightSyncKind.none:
         return None
     return vllm_weight_sync(sync.value, base, out / "engine" / "weights")
-
-
-def engine_dtype(run: RunConfig) -> str:
-    """The dtype the engine serves in: what pushed weights are cast to."""
-    e = run.engine
-    if e.kind is EngineKind.transformers:
-        return e.dtype or ("float32" if run.model.source is ModelSource.tiny else run.model.dtype)
-    return e.dtype or run.model.dtype
 
 
 def apply_trainer_devices(run: RunConfig) -> str | None:

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import GRPOSpec, ModelSource, RunConfig, WeightSyncKind
-from fineenvs.jobs.builders import engine_dtype, load_run_tasks, resolve_model_dir, row_options
+from fineenvs.config import VLLM_WEIGHT_SYNCS, GRPOSpec, ModelSource, RunConfig, WeightSyncKind, engine_dtype
+from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
 from fineenvs.jsonl import append_jsonl
@@ -348,7 +348,7 @@ async def _run_rl(run: RunConfig) -> float:
     dtype = engine_dtype(run)
 
     # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
-    checkpoint_names = sync in (WeightSyncKind.reload, WeightSyncKind.nccl)
+    checkpoint_names = sync in VLLM_WEIGHT_SYNCS
 
     gate: Any = None  # the engine-trainer parity gate, once the engine runs
 
@@ -395,7 +395,14 @@ async def _run_rl(run: RunConfig) -> float:
                 "transport: the trainer's updates would never reach it. Fix: engine.weight_sync=reload (vLLM) "
                 "or http (embedded engine), or engine.weight_sync=none to train without pushing."
             )
-        if run.engine.parity_gate:
+        if run.engine.parity_gate and resume is not None and not pushing:
+            # The fresh engine serves the base model and nothing gives it the checkpoint's weights.
+            print(
+                "Parity gate off for this resumed run: engine.weight_sync=none, so the engine serves the "
+                "base model while the trainer resumed from a checkpoint; they are not meant to agree.",
+                flush=True,
+            )
+        elif run.engine.parity_gate:
             gate = stack.enter_context(contextlib.closing(parity_gate(run, engine, out)))
             await asyncio.to_thread(gate.prepare, run.sampling.temperature)
         start_metrics: dict[str, float] = {}

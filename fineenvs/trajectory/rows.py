@@ -92,8 +92,8 @@ class Row:
     loss_weight: list[float] | None = None
     cut: bool = False  # shortened by the "split" rule
     weight_version: int | None = None
-    """Oldest engine weight version among the trained calls on the path (None: none reported);
-    what the row's staleness is measured against."""
+    """Oldest engine weight version among the trained calls on the path (None: a trained call
+    reported none); what the row's staleness is measured against."""
 
     @property
     def n_trainable(self) -> int:
@@ -192,7 +192,7 @@ def _make_row(
     logprobs = [0.0] * n
     starts: list[int] = []
     ends: list[int] = []
-    versions: list[int] = []
+    versions: list[int | None] = []
     for i in path:
         a, b = graph.entry_span(i)
         starts.append(a)
@@ -202,8 +202,7 @@ def _make_row(
         if usable and b > a and logprob_problem(header, b - a) is None and header.logprobs is not None:
             mask[a:b] = [1] * (b - a)
             logprobs[a:b] = header.logprobs
-            if isinstance(header.weight_version, int):
-                versions.append(header.weight_version)
+            versions.append(header.weight_version if isinstance(header.weight_version, int) else None)
     ids = [graph.entry_header(i).node_id for i in path]
     return Row(
         row_id=ids[-1],
@@ -217,7 +216,11 @@ def _make_row(
         trainable=role != "discarded" and any(mask),
         prompt_len=graph.entry_span(path[0])[0],
         metadata=dict(metadata),  # per row: consumers may annotate one row without touching the rest
-        weight_version=min(versions) if versions else None,
+        # A trained call with no version could be older than any that has one: then the row's
+        # staleness is unknown, not the minimum of the rest.
+        weight_version=None
+        if not versions or None in versions
+        else min(v for v in versions if v is not None),
     )
 
 

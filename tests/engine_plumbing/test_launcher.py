@@ -329,3 +329,22 @@ def test_fixed_port_taken_is_not_retried(tmp_path: Path) -> None:
                 pass
     finally:
         busy.close()
+
+
+def test_install_errors_name_the_cpu_torch_index_and_hide_index_passwords(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fineenvs.engine import install
+
+    # A pip that fails: the error says where the +cpu wheel lives (not on PyPI).
+    monkeypatch.delenv("FINEENVS_TORCH_INDEX", raising=False)
+    with pytest.raises(
+        install.VllmInstallError, match="FINEENVS_TORCH_INDEX=https://download.pytorch.org/whl/cpu"
+    ):
+        install._torch_cpu(Path("/bin/false"))
+    # A failing command whose output carries an index URL with credentials: they are not repeated.
+    with pytest.raises(install.VllmInstallError) as err:
+        install._run(
+            ["sh", "-c", "echo 'no wheel at https://ci:s3cret@mirror.example/simple' >&2; exit 1"], "x", "y"
+        )
+    assert "s3cret" not in str(err.value) and "https://ci:***@mirror.example/simple" in str(err.value)

@@ -118,3 +118,21 @@ def test_a_push_that_did_not_take_is_caught_inside_the_tolerance() -> None:
     quiet.prepare(0.8)
     quiet.check(0, trainer_at(-1.06))
     assert quiet.check(1, trainer_at(-1.07)).ok
+
+
+def test_small_steps_whose_pushes_never_take_are_caught_when_they_add_up() -> None:
+    """Each step moves the trainer less than 3x the noise, so no single step can be judged; the
+    gate keeps comparing with the last weights it could judge, so the sum of them is caught."""
+    engine = ScriptedEngine()  # serves -1.0 throughout: no push takes
+    client = httpx.Client(transport=httpx.MockTransport(engine), base_url="http://e")
+    gate = ParityGate("http://e", "m", tolerance=tolerance("bfloat16"), client=client)
+    gate.prepare(0.8)
+
+    def trainer_at(value: float) -> Any:
+        return lambda seqs: [[value] * (len(s) - 1) for s in seqs]
+
+    gate.check(0, trainer_at(-1.01))  # noise 0.01
+    assert gate.check(1, trainer_at(-1.02)).ok  # moved 0.01: inside the noise, not judged
+    assert gate.check(2, trainer_at(-1.03)).ok  # 0.02 from the anchor: still not judged
+    with pytest.raises(ParityError, match="the push of version 3 did not take"):
+        gate.check(3, trainer_at(-1.05))  # 0.04 from version 0's, the engine still at version 0's

@@ -31,10 +31,16 @@ class Recorder:
     """Records (method, path, query, body) and answers like vLLM's dev routes."""
 
     def __init__(
-        self, fail: str | None = None, *, dead_after_failure: bool = False, stuck_version: bool = False
+        self,
+        fail: str | None = None,
+        *,
+        dead_after_failure: bool = False,
+        stuck_version: bool = False,
+        fail_error: str = "boom",
     ) -> None:
         self.calls: list[tuple[str, str, dict[str, str], Any]] = []
         self.fail = fail
+        self.fail_error = fail_error
         self.dead = False
         self.dead_after_failure = dead_after_failure
         self.stuck_version = stuck_version
@@ -50,7 +56,7 @@ class Recorder:
             raise httpx.ConnectError("connection refused")
         if path == self.fail:
             self.dead = self.dead_after_failure
-            return httpx.Response(500, json={"error": "boom"})
+            return httpx.Response(500, json={"error": self.fail_error})
         if path == "/get_world_size":
             return httpx.Response(200, json={"world_size": 2})
         if path == "/update_weight_version" and not self.stuck_version:
@@ -134,11 +140,55 @@ def test_vllm_reload_sequence(tmp_path: Path) -> None:
 
 
 def test_vllm_reload_resumes_even_when_reload_fails(tmp_path: Path) -> None:
+    """A reload that failed may have loaded some layers already: the error does not claim the
+    previous weights are intact."""
     rec = Recorder(fail="/collective_rpc")
     sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
-    with pytest.raises(WeightSyncError, match="reload_weights.*still up and serves the previous weights"):
+    with pytest.raises(
+        WeightSyncError, match="reload_weights.*still up, but its weights may be partly updated"
+    ):
         sync.push(state_dict(), 8)
     assert rec.paths == ["/pause", "/collective_rpc", "/resume"]
+
+
+def test_a_failed_pause_still_resumes_and_keeps_the_previous_weights(tmp_path: Path) -> None:
+    """A pause that failed (or timed out) may have taken effect: resume is sent anyway."""
+    rec = Recorder(fail="/pause")
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    with pytest.raises(WeightSyncError, match="pause.*still up and serves the previous weights"):
+        sync.push(state_dict(), 8)
+    assert rec.paths == ["/pause", "/resume"]
+
+
+def test_a_failed_resume_says_the_server_may_still_be_paused(tmp_path: Path) -> None:
+    rec = Recorder(fail="/resume")
+    sync = VLLMReloadWeightSync("http://vllm", tmp_path, client=rec.client())
+    with pytest.raises(WeightSyncError, match="resume.*may still be paused.*holds the new weights"):
+        sync.push(state_dict(), 8)
+    assert rec.paths == [
+        "/pause",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+        "/resume",
+    ]
+
+
+def test_file_transfer_tells_a_refused_update_from_one_that_failed_midway(tmp_path: Path) -> None:
+    """The plugin marks an update it refused before loading anything; any other failure of
+    update_weights may have loaded part of the weights."""
+    from fineenvs.engine.vllm_plugin.fineenvs_vllm_plugin import REFUSED
+
+    refused = Recorder(fail="/update_weights", fail_error=f"{REFUSED}: update_info.path is outside")
+    sync = VLLMFileTransferWeightSync("http://vllm", tmp_path / "a", client=refused.client())
+    with pytest.raises(WeightSyncError, match="outside.*still up and serves the previous weights"):
+        sync.push(state_dict(), 2)
+    midway = Recorder(fail="/update_weights", fail_error="out of memory")
+    sync = VLLMFileTransferWeightSync("http://vllm", tmp_path / "b", client=midway.client())
+    with pytest.raises(WeightSyncError, match="out of memory.*weights may be partly updated"):
+        sync.push(state_dict(), 2)
+    for rec in (refused, midway):
+        assert rec.paths[-1] == "/resume" and "/finish_weight_update" not in rec.paths
 
 
 def test_a_push_that_kills_the_server_is_reported_as_such(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,9 +67,18 @@ def _calls(out: Path) -> list[dict[str, Any]]:
     return calls
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _left_in_tmp() -> set[str]:
+    """Our scratch folders, and sockets named as vLLM names its IPC paths (a uuid) in case they
+    escaped them; other programs' files in /tmp are not counted."""
     tmp = Path(tempfile.gettempdir())
-    return {p.name for p in tmp.iterdir() if p.name.startswith("fineenvs-vllm-") or p.is_socket()}
+    return {
+        p.name
+        for p in tmp.iterdir()
+        if p.name.startswith("fineenvs-vllm-") or (_UUID.fullmatch(p.name) and p.is_socket())
+    }
 
 
 def _checks(out: Path) -> list[dict[str, Any]]:

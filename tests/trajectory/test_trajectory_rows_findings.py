@@ -177,3 +177,17 @@ def test_constrained_calls_are_context_unless_asked_and_are_counted() -> None:
         aggregate([session.metrics])["claude_code"].log_dict()["fidelity/claude_code/constrained_calls"]
         == 1.0
     )
+
+
+def test_a_row_with_a_trained_call_of_unknown_version_has_no_version() -> None:
+    """The row's version is the oldest of its trained calls; one without a version may be older
+    than all the others, so the row's staleness is unknown rather than the others' minimum."""
+    from dataclasses import replace
+
+    nodes = chain(3)
+    versioned = [replace(n, weight_version=v) for n, v in zip(nodes, (5, 4, 6), strict=True)]
+    (row,) = build_rows(TrajectoryGraph(versioned), RowOptions()).rows
+    assert row.weight_version == 4
+    one_unknown = [*versioned[:2], replace(versioned[2], weight_version=None)]
+    (row,) = build_rows(TrajectoryGraph(one_unknown), RowOptions()).rows
+    assert row.weight_version is None

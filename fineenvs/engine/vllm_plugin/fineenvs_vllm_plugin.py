@@ -29,6 +29,10 @@ from typing import Any
 
 BACKEND = "fineenvs_file"
 
+REFUSED = "fineenvs_file refused the update before loading anything"
+"""Starts the message of an update refused by its checks (the model kept its weights); the
+trainer's side (``fineenvs.engine.weights``) reads it to say so."""
+
 log = logging.getLogger("fineenvs_vllm_plugin")
 
 
@@ -176,25 +180,33 @@ def _engine_class() -> Any:
 
             try:
                 if self.directory is None:
-                    raise ValueError("fineenvs_file: call /init_weight_transfer_engine first")
+                    raise ValueError("call /init_weight_transfer_engine first")
                 path = _inside(self.directory, update_info.path)
                 names = _checked_names(path, update_info.names)
-            except BaseException:
+            except (ValueError, OSError) as exc:
                 # vLLM ends the update session on any error: leave no layer waiting for weights.
+                nothing_loaded = not self.reloading  # no earlier update of this session loaded
+                self.finish_weight_update()
+                raise ValueError(f"{REFUSED}: {exc}" if nothing_loaded else str(exc)) from exc
+            try:
+                with safe_open(path, framework="pt", device="cpu") as f:
+                    if not self.reloading:
+                        initialize_layerwise_reload(self.model)
+                        self.reloading = True
+                    try:
+                        from vllm.model_executor.model_loader.mtp_validation import (
+                            disable_mtp_completeness_check,
+                        )
+                    except ImportError:
+                        disable_mtp_completeness_check = contextlib.nullcontext
+                    with disable_mtp_completeness_check():
+                        self.model.load_weights((n, f.get_tensor(n).to(self.device)) for n in names)
+            except BaseException:
+                # A load that failed midway: finish the layerwise reload so that no layer is left
+                # on the meta device (the next forward pass would kill the worker); the weights
+                # are then partly new, which the trainer's side reports.
                 self.finish_weight_update()
                 raise
-            with safe_open(path, framework="pt", device="cpu") as f:
-                if not self.reloading:
-                    initialize_layerwise_reload(self.model)
-                    self.reloading = True
-                try:
-                    from vllm.model_executor.model_loader.mtp_validation import (
-                        disable_mtp_completeness_check,
-                    )
-                except ImportError:
-                    disable_mtp_completeness_check = contextlib.nullcontext
-                with disable_mtp_completeness_check():
-                    self.model.load_weights((n, f.get_tensor(n).to(self.device)) for n in names)
             log.info("fineenvs_file: loaded %d tensors from %s", len(names), path)
 
         def shutdown(self) -> None:
