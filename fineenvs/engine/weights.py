@@ -284,10 +284,13 @@ class _VLLMServer:
 
     def _health(self) -> str:
         """What the server's state says about a failed call, for the error message."""
-        try:
-            alive = self.client.get(self.url + "/health", timeout=10.0).status_code == 200
-        except httpx.HTTPError:
-            alive = False
+        alive = False
+        for _ in range(2):  # a second try on a fresh connection: the server closes one after a 500
+            try:
+                alive = self.client.get(self.url + "/health", timeout=10.0).status_code == 200
+                break
+            except httpx.HTTPError:
+                continue
         if alive and self.weights == "previous":
             return " The server is still up and serves the previous weights."
         if alive and self.weights == "new":

@@ -174,6 +174,27 @@ def test_a_refused_update_leaves_the_server_serving(
     assert gate.check(41, scorers[1]).ok
 
 
+def test_an_update_that_fails_midway_is_reported_and_the_next_push_repairs_it(
+    server: Any, syncs: Any, models: dict[int, Path], scorers: dict[int, Any]
+) -> None:
+    """A tensor of the wrong shape passes the plugin's name checks and fails inside vLLM's load,
+    after other tensors loaded: the error says the weights may be partly updated (not "the
+    previous weights"), the plugin finishes the layerwise reload so the worker survives, and the
+    next push serves the right weights."""
+    _, transfer = syncs
+    _serve(syncs, models, 0, 50)
+    bad = _weights(models[1])
+    bad["model.norm.weight"] = bad["model.norm.weight"][:-1].clone()  # loaded after the layers
+    with pytest.raises(WeightSyncError, match="update_weights.*weights may be partly updated"):
+        transfer.push(bad, 51)
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert transfer.push(_weights(models[1]), 52) == 52
+    gate = ParityGate(server.url, "tiny_agent", tolerance=tolerance("float32"))
+    gate.prepare(TEMPERATURE)
+    assert gate.check(52, scorers[1]).mean_abs_diff < 1e-4
+    gate.close()
+
+
 AGENTS = 32
 TOKENS = 64
 
