@@ -37,12 +37,14 @@ def test_only_the_main_process_runs_rollouts(tmp_path: Path) -> None:
     text = res.stdout + res.stderr
     assert res.returncode == 0, text[-5000:]
     assert text.count("Built engine") == 1 and text.count("Built proxy") == 1, "one engine and one proxy"
-    # 2 steps + 2 pushes (state-dict gathers) + 2 checkpoints, replayed in lockstep by process 1.
-    assert "process 1 replayed 6 trainer calls" in text
+    # 2 steps + 2 pushes (state-dict gathers) + 2 checkpoints + 3 parity-gate forwards (before the
+    # first step and after each push), replayed in lockstep by process 1.
+    assert "process 1 replayed 9 trainer calls" in text
     engine_log = (out / "engine" / "engine.log").read_text()
     assert engine_log.count("$ ") == 1, "the engine was started once"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["weight_pushes"] == 2 and summary["attempts"] >= 4
+    assert summary["parity_checks"] == 3, "the gate ran on the main process; process 1 replayed it"
     attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
     assert len(attempts) == summary["attempts"], "attempts were written by one process only"
     assert abs(summary["last_ratio"] - 1.0) < 1e-3
