@@ -1,7 +1,7 @@
 """The W&B comparison dashboard, built from code: ``python -m fineenvs.dashboards --project P --entity E``.
 
 ``dashboard_spec`` describes the dashboard as plain data (sections of line and bar panels over the
-metric keys the RL loop and the evaluation log, see ``fineenvs.logging.metric_key``), so the spec
+metric keys the RL loop and the evaluation log, see ``fineenvs.metrics.metric_key``), so the spec
 is testable offline and readable as JSON. ``build_report`` turns it into a W&B Report object
 (``wandb-workspaces``) without any network call; only ``--save`` uploads it (``Report.save()``
 needs the W&B API and a login).
@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fineenvs.logging import metric_key
+from fineenvs.metrics import metric_key
 
 PAPER_MIX = ("opencode", "claude_code", "codex", "mini_swe_agent")
 

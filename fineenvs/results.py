@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.jsonl import append_jsonl, read_jsonl
-from fineenvs.logging import metric_key
+from fineenvs.metrics import metric_key
 
 log = logging.getLogger("fineenvs.results")
 
@@ -69,10 +69,6 @@ class EvalAttempt:
     def from_json(cls, data: dict[str, Any]) -> EvalAttempt:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def is_infra_failure(attempt: EvalAttempt) -> bool:
-    return attempt.infra_failure
 
 
 def first_graded(attempts: Sequence[EvalAttempt]) -> EvalAttempt | None:

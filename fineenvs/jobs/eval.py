@@ -51,7 +51,7 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
 from fineenvs.jobs.errors import EvalError, RunAborted
 from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
-from fineenvs.logging import MetricLogger
+from fineenvs.metrics import MetricLogger
 from fineenvs.results import (
     EvalAttempt,
     append_attempt,

@@ -33,7 +33,7 @@ from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_option
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
 from fineenvs.jsonl import append_jsonl
-from fineenvs.logging import MetricLogger, metric_key, write_summary
+from fineenvs.metrics import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState

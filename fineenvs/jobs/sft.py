@@ -20,7 +20,7 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
 from fineenvs.jobs.builders import resolve_model_dir
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.teacher import TEACHER_MANIFEST
-from fineenvs.logging import write_summary
+from fineenvs.metrics import write_summary
 
 
 def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
@@ -125,7 +125,7 @@ def run_sft(run: RunConfig) -> float | None:
     sessions = select_rollouts(sessions, t)
     from transformers import AutoTokenizer
 
-    from fineenvs.logging import MetricLogger
+    from fineenvs.metrics import MetricLogger
     from fineenvs.train.sft_trainer import (
         SFTSettings,
         StudentRenderer,

@@ -29,7 +29,7 @@ from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_option
 from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
 from fineenvs.jsonl import append_jsonl, read_jsonl
-from fineenvs.logging import write_summary
+from fineenvs.metrics import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
 

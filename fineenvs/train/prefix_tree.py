@@ -53,11 +53,6 @@ class PrefixTree:
     unique_tokens: int
     """Distinct token prefixes of the rows: the step's tree at token granularity."""
 
-    @property
-    def node_tokens(self) -> int:
-        """Tokens the shared forward runs: every node once (a dissolved one-token node once per child)."""
-        return sum(n.length for n in self.nodes())
-
     def nodes(self) -> list[Node]:
         out: list[Node] = []
         stack = list(reversed(self.roots))

@@ -310,10 +310,6 @@ class TrajectoryGraph:
     def end_len(self, node_id: str) -> int:
         return self._entries[self._idx(node_id)].end_len
 
-    def delta_ids(self, node_id: str) -> list[int]:
-        """Context + sampled tokens after the parent's end (the whole end for a root)."""
-        return self._delta(self._idx(node_id))
-
     def _delta(self, idx: int) -> list[int]:
         e = self._entries[idx]
         base = self._entries[e.parent].end_len if e.parent is not None else 0
@@ -389,14 +385,6 @@ class TrajectoryGraph:
 
     def any_tools(self) -> bool:
         return any(e.header.has_tools for e in self._entries)
-
-    def role_of_leaf(self, leaf_id: str, discarded: set[str] | None = None) -> str:
-        discarded = self.discarded() if discarded is None else discarded
-        if leaf_id in discarded:
-            return "discarded"
-        if not self.any_tools():
-            return "agent"
-        return "agent" if any(self.header(n).has_tools for n in self.path_to(leaf_id)) else "auxiliary"
 
     def late_parents(self) -> list[str]:
         """Calls whose parent arrived after them (they were roots until the parent came: adopted)."""

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import fineenvs.jobs.eval as ev
 from fineenvs.config import RunConfig, to_run_config
-from fineenvs.logging import MetricLogger, read_metrics
+from fineenvs.metrics import MetricLogger, read_metrics
 from fineenvs.paths import CONF_DIR
 from fineenvs.results import append_attempt, read_attempts
 from fineenvs.rollout.schedule import PlannedGroup

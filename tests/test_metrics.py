@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fineenvs.config import LoggerKind, LoggerSpec, WandbMode
-from fineenvs.logging import MetricLogger, metric_key, read_metrics
+from fineenvs.metrics import MetricLogger, metric_key, read_metrics
 
 
 def test_metric_keys() -> None:
