@@ -6,7 +6,7 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check docs bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -18,7 +18,8 @@ help:
 	@echo "make test-vllm    real vLLM (CPU build): serving, both weight syncs, parity gate, smoke runs; 0.33's parser"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
-	@echo "make check        ruff + mypy"
+	@echo "make check        ruff + mypy + the docs build"
+	@echo "make docs         the docs site (mkdocs, warnings are errors) into .site/"
 	@echo "make bench        engine, proxy and tree benchmarks"
 
 setup:
@@ -61,6 +62,12 @@ check: setup
 	$(VENV)/bin/ruff check fineenvs tests
 	$(VENV)/bin/ruff format --check fineenvs tests
 	$(VENV)/bin/mypy
+	$(DOCS)
+
+# The docs site: strict, so a broken link, a missing anchor or a page left out of the nav fails.
+DOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .site
+docs: setup
+	$(DOCS)
 
 bench: setup
 	$(PY) -m fineenvs.bench engine
