@@ -410,9 +410,9 @@ def _where(cls: type, name: str) -> tuple[str, str]:
 
 
 def _cell(text: str) -> str:
-    """Markdown table cell: pipes escaped, ``<`` outside code spans escaped."""
-    pieces = re.split(r"(``.*?``|`[^`]*`)", text.replace("|", "\\|"))
-    return "".join(p if p.startswith("`") else p.replace("<", "&lt;") for p in pieces)
+    """Markdown table cell: ``|`` and ``<`` escaped outside code spans (a table ignores pipes inside)."""
+    pieces = re.split(r"(``.*?``|`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|").replace("<", "&lt;") for p in pieces)
 
 
 def _rows(cls: type, prefix: str) -> list[_Row]:
