@@ -425,6 +425,8 @@ def _rows(cls: type, prefix: str) -> list[_Row]:
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         where, doc = _where(cls, f.name)
         if nested:
+            if type(None) in _args(tp):  # an optional section: its own key may be null
+                rows.append(_Row(key, _type_name(tp), _default(f), where, doc))
             for sub in nested:
                 rows.extend(_rows(sub, f"{key}."))
             continue
@@ -508,7 +510,10 @@ def config_reference() -> str:
         files = _conf_files(name, entries if len(set(entries.values())) > 1 else None)
         if files:
             out.append(f"Options (`{name}=<option>`):\n\n" + "\n".join(files) + "\n")
-    others = sorted(p.name for p in (_REPO / "conf").iterdir() if p.is_dir() and p.name not in seen)
+    conf = _REPO / "conf"
+    others = (
+        sorted(p.name for p in conf.iterdir() if p.is_dir() and p.name not in seen) if conf.is_dir() else []
+    )
     if others:
         out.append("### Other groups\n")
         out.append(
