@@ -12,8 +12,7 @@ within each repeat so that a machine whose speed drifts affects all three alike:
 Printed per set-up: the median wall time and the median CPU time (user + system, of the process
 and its children) over ``--repeats`` starts, and each as a ratio of the baseline's.
 
-Measured on the shared 2-core development machine, Pi 0.73.1, 2026-12-04: see the README
-("Agents").
+Results: benchmarks/results/2026-12-04-agent-start-2core.md.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ HARNESSES: dict[str, Harness] = {
 }
 
 
-# Agents looked at and left out, with the reason (README, Agents).
+# Agents looked at and left out, with the reason (docs/agents.md).
 UNAVAILABLE = {
     "crush": "@charmland/crush installs by downloading its Go binary from a GitHub release, which "
     "this project's machines cannot reach (only PyPI, npm and Debian), and no registry ships it",

@@ -15,7 +15,7 @@ other is equally likely to go either way. RL must win enough of those that an un
 do as well with probability below 5 % (exact one-sided sign test, McNemar), and held-out pass@1 and
 mean reward (correctness plus the tool bonus) must rise.
 
-RL's setting, and why the test is robust now (experiments/mini_repro/README.md, "CI"). With the
+RL's setting, and why the test is robust now (experiments/mini_repro/README.md and results/2026-12-03-learning-test-2core.md). With the
 recipe's 16 rows per step at lr 3e-4 RL's gain varied from run to run and sometimes RL traded one
 question template for another (max falls while rows and sum rise): 7 of 9 runs passed, one failed in
 CI (+0.11 on 72 tasks, p = 0.076), one here (79 -> 82 of 216, max 14 -> 3). At 3e-4 the policy swung
