@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
+from fineenvs.train.grpo_config import GRPOSettings
 
 # The proxy's own defaults are the run config's: one source for each (fineenvs.proxy.settings).
 _PROXY = ProxySettings()
@@ -99,22 +100,6 @@ class SandboxKind(enum.Enum):
     bwrap = "bwrap"  # plus bubblewrap: read-only root, writable attempt dir, network only to the proxy
 
 
-class LossNormalisation(enum.Enum):
-    per_token = "per_token"  # published: every trained token weighs the same
-    per_attempt = "per_attempt"  # each attempt weighs the same, however many rows it produced
-
-
-class ImportanceSampling(enum.Enum):
-    none = "none"  # published: no correction, staleness bounded instead
-    tis = "tis"  # truncated importance sampling (token level)
-    mask = "mask"  # drop tokens whose ratio leaves [1/clip, clip]
-
-
-class PrefixSharing(enum.Enum):
-    shared = "shared"  # each token prefix the step's rows share is forwarded and backpropagated once
-    padded = "padded"  # every row alone, in right-padded micro-batches (same loss and gradient)
-
-
 class SharedPrefix(enum.Enum):
     per_row = "per_row"  # published: shared sampled tokens count once in every row holding them
     once = "once"  # counted in the first row only
@@ -183,6 +168,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
+    """CUDA platform only: the fraction of each GPU's memory vLLM may take."""
     max_model_len: int | None = None
     """None uses model.max_model_len."""
     dtype: str | None = None
@@ -192,6 +178,9 @@ class EngineSpec:
     token first request killed the eager worker (3 of 3 tries)."""
     enable_prefix_caching: bool = False
     weight_sync: WeightSyncKind = WeightSyncKind.auto
+    """How trained weights reach the engine (``WeightSyncKind``): ``auto`` is ``reload`` on vLLM,
+    ``http`` on the embedded engine and ``none`` when nothing trains; ``file_transfer`` and ``nccl``
+    drive vLLM's weight-transfer routes."""
     parity_gate: bool = True
     """RL: compare the engine's logprobs with the trainer's at start and after every push, and stop
     the run when they disagree (``fineenvs.engine.parity``)."""
@@ -292,58 +281,6 @@ class RewardSpec:
 
 
 @dataclass
-class GRPOSpec:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    max_steps: int = 1000
-    per_device_batch_size: int = 4
-    gradient_accumulation_steps: int = 4
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: groups whose graded rewards are all equal (no learning signal) are
-    counted and left out of the batch, so every optimizer step has signal. Off (published): such
-    groups train with advantage 0, and AdamW's momentum still moves the weights on a step whose
-    gradient is all zero."""
-    dynamic_sampling_max_groups: int | None = None
-    """With ``dynamic_sampling``: after this many groups drawn for one step, train on the groups with
-    signal at hand even if their rows fall short of a full batch (DAPO's ``max_num_gen_batches``).
-    None: draw until the batch is full, which never ends once the policy always solves or always
-    fails every task (observed in the mini-reproduction after 8 steps)."""
-    dynamic_sampling_patience: int | None = 100
-    """With ``dynamic_sampling``: groups in a row without signal (all rewards equal) after which the
-    run stops with an error instead of drawing on: no step can form, with or without
-    ``dynamic_sampling_max_groups``, once the policy solves every task or none (checkpoints and the
-    rollout state are kept; the error says how the groups ended). None: draw until the schedule
-    runs out."""
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    scale_rewards: str = "group"
-    normalisation: LossNormalisation = LossNormalisation.per_token
-    importance_sampling: ImportanceSampling = ImportanceSampling.none
-    importance_sampling_clip: float = 3.0
-    token_budget: int = 40960
-    max_completion_length: int = 16384
-    optim: str = "adamw_torch"
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    weight_sync_interval: int = 1
-    save_steps: int = 50
-    eval_steps: int = 100
-    eval_at_end: bool = True
-    """Whether the in-training hook evaluates the last step's checkpoint when that step is an eval
-    step (``max_steps % eval_steps == 0``); off where the job evaluates that checkpoint in full
-    afterwards (the mini-reproduction's eval stage)."""
-    dtype: str = "bfloat16"
-    gradient_checkpointing: bool = True
-    prefix_sharing: PrefixSharing = PrefixSharing.shared
-    """``shared``: the prefixes the step's rows share (an attempt's history, a group's prompt) are
-    computed once, branches continuing from their state (``fineenvs.train.shared``); ``padded``:
-    every row from its first token. Equal gradients; one process only (under several, padded)."""
-
-
-@dataclass
 class SFTSpec:
     learning_rate: float = 3e-6
     lr_scheduler_type: str = "constant"
@@ -386,7 +323,7 @@ class SchedulerSpec:
     seed: int = 0
     max_consecutive_empty_groups: int = 3
     sandbox: SandboxKind = SandboxKind.plain
-    """Per-attempt isolation (README, "Isolation"); bwrap needs the bubblewrap package."""
+    """Per-attempt isolation (docs/concepts/isolation.md); bwrap needs the bubblewrap package."""
 
 
 @dataclass
@@ -397,7 +334,7 @@ class RowsSpec:
     drop_auxiliary: bool = False
     train_constrained: bool = False
     """Train on structured-output (grammar-masked) calls too; their logprobs are the masked
-    distribution's, so the importance ratio is biased on them (README, "Structured output")."""
+    distribution's, so the importance ratio is biased on them (docs/concepts/proxy.md)."""
 
 
 @dataclass
@@ -441,7 +378,7 @@ class MiniReproSpec:
     RL'd in alone.
     Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
-    learn which command a question asks for from that far back (experiments/mini_repro/)."""
+    learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
     teacher_tasks: int | None = None
     """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
     base_mix_tasks: int = 24
@@ -457,41 +394,37 @@ class MiniReproSpec:
     held out of the base's data, so the baseline learns from rollouts its starting point never saw,
     as the published SFT baseline does (the teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks
     there); in the base harness see ``hold_out_base_harness``. Held out only when the ``sft_mix``
-    stage runs. Runs B-K trained it on rollouts the base had seen, at the base's learning rate: it
-    fell below its base in every run."""
+    stage runs. Trained on rollouts the base had seen, at the base's learning rate, it fell below
+    its base (the results: experiments/mini_repro/results/)."""
     hold_out_base_harness: bool = False
-    """Hold the base harness's ``sft_mix_tasks`` rollouts out of the base too (run L's recipe). Off:
-    the base trains on all of them and the SFT baseline's base-harness share is rollouts the base
-    saw. Holding them out looked costly to the base (0.21-0.22 overall in two bases with it,
-    0.26-0.38 in four without; experiments/mini_repro/, runs L to N), though the bases' spread
-    between seeds is about as wide."""
+    """Hold the base harness's ``sft_mix_tasks`` rollouts out of the base too. Off: the base trains
+    on all of them and the SFT baseline's base-harness share is rollouts the base saw. Holding them
+    out looked costly to the base, though the bases' spread between seeds is about as wide
+    (experiments/mini_repro/results/)."""
     sft_mix_epochs: float = 1.0
     sft_mix_learning_rate: float = 3.0e-4
-    """A tenth of the base's: one more epoch at 3e-3 undid part of the base (runs B-K); at 3e-4 the
-    same data lifted run J's base from 0.32 to 0.45 overall (experiments/mini_repro/, "The SFT
-    baseline's learning rate")."""
+    """A tenth of the base's: one more epoch at the base's 3e-3 undid part of the base, at 3e-4 the
+    same data lifted it (experiments/mini_repro/results/)."""
     base_epochs: float = 2.0
     sft_learning_rate: float = 3.0e-3
     sft_gradient_accumulation: int = 2
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
     rl_learning_rate: float = 1.0e-4
-    """With 24 rows per step, the learning test's setting (run K; experiments/mini_repro/README.md).
-    Runs F-J used 3e-4 with 16 rows, at which RL sometimes traded one question template for another
-    ("CI" there)."""
+    """With 24 rows per step, the learning test's setting (experiments/mini_repro/README.md). At 3e-4
+    with 16 rows RL sometimes traded one question template for another."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
-    drawn, with the signal groups it has (None: only when its batch is full; runs C-E's setting,
-    with which a base that never solves a template can stall a step for good)."""
+    drawn, with the signal groups it has (None: only when its batch is full, with which a base that
+    never solves a template can stall a step for good)."""
     group_size: int = 8
     rl_rows_per_step: int = 24
     """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages, a multiple of 4 (the
-    per-device batch): three groups of 8, so a step usually sees every template. Runs C-E used
-    groups of 4 and 8 rows, runs F-J groups of 8 and 16 rows at lr 3e-4; run K and the learning
-    test 24 at lr 1e-4 (experiments/mini_repro/README.md)."""
+    per-device batch): three groups of 8, so a step usually sees every template (smaller steps:
+    experiments/mini_repro/results/)."""
     eval_tasks: int | None = 36
-    """Held-out eval-split tasks per harness in the final matrix (None: all 216). Runs C-E used 18
-    (run E) or 36; on 18, run F's RL gain in Pi (9 won / 2 lost on 36) was lost in the noise."""
+    """Held-out eval-split tasks per harness in the final matrix (None: all 216). On 18 an RL gain
+    seen on 36 was lost in the noise (experiments/mini_repro/results/)."""
     eval_every: int = 6
     """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
     eval_tasks_during_training: int = 12
@@ -517,7 +450,7 @@ class RunConfig:
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     reward: RewardSpec = field(default_factory=RewardSpec)
     trainer: Any = MISSING
-    """GRPOSpec (trainer=grpo) or SFTSpec (trainer=sft)."""
+    """GRPOSettings (trainer=grpo) or SFTSpec (trainer=sft)."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     rows: RowsSpec = field(default_factory=RowsSpec)
     logger: LoggerSpec = field(default_factory=LoggerSpec)
@@ -535,7 +468,7 @@ def register_configs() -> None:
     cs.store(group="tasks", name="tasks_schema", node=TasksSpec)
     cs.store(group="sampling", name="sampling_schema", node=SamplingSpec)
     cs.store(group="reward", name="reward_schema", node=RewardSpec)
-    cs.store(group="trainer", name="grpo_schema", node=GRPOSpec)
+    cs.store(group="trainer", name="grpo_schema", node=GRPOSettings)
     cs.store(group="trainer", name="sft_schema", node=SFTSpec)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSpec)
     cs.store(group="logger", name="logger_schema", node=LoggerSpec)
@@ -659,7 +592,7 @@ def _check_tasks(run: RunConfig) -> list[str]:
 def _check_trainer(run: RunConfig) -> list[str]:
     t = run.trainer
     out: list[str] = []
-    if run.job in (Job.rl,) and not isinstance(t, GRPOSpec):
+    if run.job in (Job.rl,) and not isinstance(t, GRPOSettings):
         out.append("job=rl needs trainer=grpo (got an SFT trainer). Fix: trainer=grpo, or job=sft")
     if run.job is Job.sft and not isinstance(t, SFTSpec):
         out.append("job=sft needs trainer=sft. Fix: trainer=sft")
@@ -682,46 +615,18 @@ def _check_trainer(run: RunConfig) -> list[str]:
                     f"trainer.rollout_slices names {harness!r}, which is not among this run's harnesses "
                     f"({sorted(run.harness)}): its slice would select nothing. Fix: drop it, or add the harness"
                 )
-    if isinstance(t, GRPOSpec):
+    if isinstance(t, GRPOSettings):
+        out.extend(t.problems())
         if run.scheduler.group_size < 2:
             out.append(
                 f"scheduler.group_size must be >= 2 for GRPO (got {run.scheduler.group_size}): group-relative "
                 "advantages need at least two attempts per task. Use trainer=sft for single-sample training."
             )
-        if t.learning_rate <= 0:
+        if t.temperature != run.sampling.temperature:
             out.append(
-                f"trainer.learning_rate must be > 0 (got {t.learning_rate}). Fix: trainer.learning_rate=3e-6"
-            )
-        if t.max_steps < 1:
-            out.append(f"trainer.max_steps must be >= 1 (got {t.max_steps}). Fix: trainer.max_steps=1000")
-        if t.dynamic_sampling_max_groups is not None and t.dynamic_sampling_max_groups < 1:
-            out.append(
-                f"trainer.dynamic_sampling_max_groups must be >= 1 or null (got {t.dynamic_sampling_max_groups}). "
-                "Fix: trainer.dynamic_sampling_max_groups=null"
-            )
-        if t.dynamic_sampling_patience is not None and t.dynamic_sampling_patience < 1:
-            out.append(
-                f"trainer.dynamic_sampling_patience must be >= 1 or null (got {t.dynamic_sampling_patience}). "
-                "Fix: trainer.dynamic_sampling_patience=100"
-            )
-        if t.save_steps < 1 or t.eval_steps < 1:
-            out.append("trainer.save_steps and trainer.eval_steps must be >= 1. Fix: trainer.save_steps=50")
-        elif t.eval_steps % t.save_steps != 0:
-            out.append(
-                f"trainer.eval_steps ({t.eval_steps}) must be a multiple of trainer.save_steps ({t.save_steps}): "
-                "evaluation runs on saved checkpoints. Fix: trainer.eval_steps=100 trainer.save_steps=50"
-            )
-        if t.loss_type not in _TRL_LOSS_TYPES:
-            out.append(
-                f"trainer.loss_type '{t.loss_type}' is not a TRL GRPO loss type. Known: "
-                f"{', '.join(sorted(_TRL_LOSS_TYPES))}. Fix: trainer.loss_type=dapo"
-            )
-        if t.scale_rewards not in ("group", "batch", "none"):
-            out.append(f"trainer.scale_rewards must be group, batch or none (got {t.scale_rewards}).")
-        if t.importance_sampling is not ImportanceSampling.none and t.importance_sampling_clip <= 1.0:
-            out.append(
-                f"trainer.importance_sampling_clip must be > 1 (got {t.importance_sampling_clip}): it bounds "
-                "the ratio from above. Fix: trainer.importance_sampling_clip=3.0"
+                f"trainer.temperature={t.temperature} differs from sampling.temperature={run.sampling.temperature}: "
+                "the trainer divides logits by the temperature the engine sampled at, or its logprobs are "
+                "another distribution's. Fix: leave trainer.temperature unset (it follows sampling.temperature)"
             )
         if t.token_budget < run.sampling.max_tokens:
             out.append(
@@ -729,9 +634,6 @@ def _check_trainer(run: RunConfig) -> list[str]:
                 f"(sampling.max_tokens={run.sampling.max_tokens}). Fix: trainer.token_budget=40960"
             )
     return out
-
-
-_TRL_LOSS_TYPES = {"grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"}
 
 
 def _check_scheduler(run: RunConfig) -> list[str]:

@@ -14,13 +14,13 @@ from fineenvs.config import (
     VLLM_WEIGHT_SYNCS,
     EngineKind,
     EnginePlatform,
-    GRPOSpec,
     Job,
     ModelSource,
     RunConfig,
     SFTSpec,
     WeightSyncKind,
 )
+from fineenvs.train.grpo_config import GRPOSettings
 
 
 def engine_platform(run: RunConfig) -> str:
@@ -293,7 +293,7 @@ def describe_plan(run: RunConfig) -> str:
         f"  reward: {terms} tool_budget={r.tool_budget} verified_tool_count={r.require_verified_tool_count}"
     )
     tr = run.trainer
-    kind = "grpo" if isinstance(tr, GRPOSpec) else "sft" if isinstance(tr, SFTSpec) else type(tr).__name__
+    kind = "grpo" if isinstance(tr, GRPOSettings) else "sft" if isinstance(tr, SFTSpec) else type(tr).__name__
     out.append(f"  trainer: {kind}")
     out += _kv(tr)
     out.append("  scheduler:")

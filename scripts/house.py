@@ -123,7 +123,7 @@ def _section_schemas() -> dict[str, type]:
                 sections[f"{f.name}:{arg.__name__}"] = arg
     # Sections holding one of several schemas (``trainer``: GRPO or SFT) name them in a Union; where
     # a section is typed ``Any`` its group's schemas are found by their registered names.
-    for cls_name in ("GRPOSpec", "SFTSpec"):
+    for cls_name in ("GRPOSettings", "SFTSpec"):
         cls = getattr(config, cls_name, None)
         if cls is not None:
             sections.setdefault(f"trainer:{cls.__name__}", cls)
@@ -131,19 +131,32 @@ def _section_schemas() -> dict[str, type]:
 
 
 def _restated_defaults(group: str, schema: type) -> list[str]:
-    """Keys of ``conf/<group>/*.yaml`` that set a field to its dataclass default again."""
+    """Keys of the ``conf/<group>/`` options built on ``schema`` that set a field to its default again
+    (the check ``tests/test_config_defaults.py`` enforces)."""
+    from hydra.core.config_store import ConfigStore
+
+    from fineenvs.config import register_configs
+
+    register_configs()
+    stored = ConfigStore.instance().repo.get(group, {})
     defaults = {}
     for f in dataclasses.fields(schema):
         if f.default is not dataclasses.MISSING:
             value = f.default
-            defaults[f.name] = value.value if hasattr(value, "value") else value
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        defaults[f.name] = value.value if hasattr(value, "value") else value
     restated = []
     for option in sorted((REPO / "conf" / group).glob("*.yaml")):
         data = yaml.safe_load(option.read_text()) or {}
-        if not isinstance(data, dict):
+        names = [d for d in data.get("defaults") or [] if isinstance(d, str) and d.endswith("_schema")]
+        node = stored.get(f"{names[0]}.yaml") if names else None
+        if node is None or node.node._metadata.object_type is not schema:
             continue
         for key, value in data.items():
-            if key in defaults and value == defaults[key] and not isinstance(value, (dict, list)):
+            if key in defaults and value == defaults[key] and not str(value).startswith("${"):
                 restated.append(f"{option.name}:{key}")
     return restated
 

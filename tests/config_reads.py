@@ -5,7 +5,8 @@ A read is an attribute access on a value known to be a config section: ``<expr>.
 (``run.trainer.learning_rate``), ``name.<key>`` where ``name`` was bound to a section in the same
 function (``t = run.trainer``, ``t, s = run.trainer, run.scheduler``, ``for n, h in
 run.harness.items()``, ``run.harness[n].weight``) or annotated with its spec class (``m:
-MiniReproSpec``), and ``run.<key>`` for the top-level keys. Passing the whole config somewhere
+MiniReproSpec``), ``self.<attr>`` where the class annotates ``attr`` with a spec class
+(``settings: GRPOSettings``), and ``run.<key>`` for the top-level keys. Passing the whole config somewhere
 (``asdict(run)`` into the logger's run config) reads nothing, and neither does showing a key:
 printing or logging it, naming it in an error, or rendering the printed plan (``describe_plan``).
 """
@@ -28,7 +29,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "tasks": (C.TasksSpec,),
     "sampling": (C.SamplingSpec,),
     "reward": (C.RewardSpec,),
-    "trainer": (C.GRPOSpec, C.SFTSpec),
+    "trainer": (C.GRPOSettings, C.SFTSpec),
     "scheduler": (C.SchedulerSpec,),
     "rows": (C.RowsSpec,),
     "logger": (C.LoggerSpec,),
@@ -46,6 +47,9 @@ DISPLAY_FUNCTIONS = {"describe_plan"}
 
 def _section_of(node: ast.expr, bound: dict[str, str]) -> str | None:
     """The section ``node`` evaluates to, when it is one."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        if (section := bound.get(f"self.{node.attr}")) is not None:
+            return section
     if isinstance(node, ast.Attribute) and node.attr in SECTIONS:
         return node.attr
     if isinstance(node, ast.Name):
@@ -103,6 +107,19 @@ class _Scope(ast.NodeVisitor):
             inner.visit(stmt)
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        """An attribute the class annotates with a section's class (``settings: GRPOSettings``) is
+        that section in its methods, as ``self.settings``."""
+        inner = _Scope(self.reads)
+        inner.bound = dict(self.bound)
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                section = _annotation_section(stmt.annotation)
+                if section is not None:
+                    inner.bound[f"self.{stmt.target.id}"] = section
+        for stmt in node.body:
+            inner.visit(stmt)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:

@@ -16,7 +16,7 @@ from fineenvs.config import (
     ApiFormat,
     ConfigError,
     EngineKind,
-    GRPOSpec,
+    GRPOSettings,
     Job,
     ModelFamily,
     RunConfig,
@@ -85,7 +85,7 @@ def test_published_numbers_rl_multi() -> None:
     assert run.engine.kind is EngineKind.vllm
     assert set(run.harness) == PAPER_MIX
     t = run.trainer
-    assert isinstance(t, GRPOSpec)
+    assert isinstance(t, GRPOSettings)
     assert (t.learning_rate, t.lr_scheduler_type, t.warmup_steps, t.max_steps) == (3e-6, "constant", 0, 1000)
     assert (t.per_device_batch_size, t.gradient_accumulation_steps) == (4, 4)
     assert (t.token_budget, t.save_steps, t.eval_steps) == (40960, 50, 100)

@@ -139,7 +139,8 @@ def check_model(
     import torch
 
     from fineenvs.engine.generation import Generator
-    from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+    from fineenvs.train.grpo import CapturedGRPOTrainer
+    from fineenvs.train.grpo_config import GRPOSettings
 
     temperature = 0.8
     if device.startswith("cuda"):
@@ -153,9 +154,9 @@ def check_model(
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    settings = GRPOTrainerSettings(
-        learning_rate=3e-6, micro_batch_size=4, max_steps=steps, dtype=dtype, temperature=temperature,
-        gradient_checkpointing=True, token_budget=1 << 20,
+    settings = GRPOSettings(
+        learning_rate=3e-6, per_device_batch_size=4, max_steps=steps, dtype=dtype, temperature=temperature,
+        gradient_checkpointing=True, token_budget=1 << 20, prefix_sharing="padded",
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         trainer = CapturedGRPOTrainer(model_dir, settings, Path(tmp))

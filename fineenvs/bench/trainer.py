@@ -34,7 +34,7 @@ shared Claude Code step took 43-78 s wall with 2 threads, 7-13 s with one).
 Measured (default flags, the shared 2-core machine): the shared step forwards exactly the tree's
 unique tokens (padded: 3.4-10.8x them); Claude Code cases 7.3-11.0x faster in CPU time, the other
 harnesses' groups of 8 4.1-4.8x, the synthetic group 3.0-3.2x; peak memory added 0.15-0.25 of
-padded; losses equal to 1e-7 (README, "Measured performance").
+padded; losses equal to 1e-7 (benchmarks/results/2026-12-02-trainer-prefix-sharing-2core.md).
 """
 
 from __future__ import annotations
@@ -270,12 +270,14 @@ def measure(
 
     torch.set_num_threads(threads)
     from fineenvs.models import ensure_tiny_model
-    from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+    from fineenvs.train.grpo import CapturedGRPOTrainer
+    from fineenvs.train.grpo_config import GRPOSettings
 
     rows = case_rows(case, max_prompt_tokens=max_prompt_tokens)
-    settings = GRPOTrainerSettings(
-        prefix_sharing=path, micro_batch_size=4, learning_rate=1e-6, max_steps=runs + 1, token_budget=1 << 20
-    )
+    settings = GRPOSettings(
+        prefix_sharing=path, per_device_batch_size=4, learning_rate=1e-6, max_steps=runs + 1,
+        token_budget=1 << 20, dtype="float32", gradient_checkpointing=False,
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="fineenvs-bench-trainer-") as out:
         trainer = CapturedGRPOTrainer(ensure_tiny_model(model), settings, Path(out))
         base = _rss_bytes()

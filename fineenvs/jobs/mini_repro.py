@@ -72,15 +72,15 @@ def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[st
         f"trainer.save_steps={m.eval_every}",
         f"trainer.eval_steps={m.eval_every}",
         # The eval stage evaluates the final checkpoint on the whole matrix: the hook's own
-        # evaluation of it, on a subset, would repeat that (~7 min of run H's rl_mix).
+        # evaluation of it, on a subset, would repeat that (~7 min of an rl_mix stage).
         "trainer.eval_at_end=false",
         f"eval.subset_during_training={m.eval_tasks_during_training}",
         f"scheduler.group_size={m.group_size}",
         f"scheduler.max_inflight={max(4, m.group_size)}",  # a whole group runs at once
         # Not the published rotation: the train split cycles its three templates, so rotating three
-        # harnesses gave Pi only rows questions, Mini-SWE-Agent only sum, OpenCode only max (run F).
+        # harnesses gave Pi only rows questions, Mini-SWE-Agent only sum, OpenCode only max.
         "scheduler.harness_selection=shuffled",
-        "trainer.dynamic_sampling=true",  # steps only from groups with signal (see GRPOSpec)
+        "trainer.dynamic_sampling=true",  # steps only from groups with signal (see GRPOSettings)
         f"trainer.dynamic_sampling_max_groups={'null' if m.rl_max_groups_per_step is None else m.rl_max_groups_per_step}",
         f"trainer.per_device_batch_size={_RL_BATCH}",
         f"trainer.gradient_accumulation_steps={m.rl_rows_per_step // _RL_BATCH}",

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import VLLM_WEIGHT_SYNCS, GRPOSpec, ModelSource, RunConfig, WeightSyncKind, engine_dtype
+from fineenvs.config import VLLM_WEIGHT_SYNCS, ModelSource, RunConfig, WeightSyncKind, engine_dtype
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
@@ -37,40 +37,9 @@ from fineenvs.metrics import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
+from fineenvs.train.grpo_config import GRPOSettings
 
 log = logging.getLogger("fineenvs.jobs.rl")
-
-
-def trainer_settings(run: RunConfig) -> Any:
-    from fineenvs.train.grpo import GRPOTrainerSettings
-
-    t = run.trainer
-    assert isinstance(t, GRPOSpec)
-    return GRPOTrainerSettings(
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler_type,
-        warmup_steps=t.warmup_steps,
-        max_steps=t.max_steps,
-        micro_batch_size=t.per_device_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        loss_type=t.loss_type,
-        epsilon=t.epsilon,
-        epsilon_high=t.epsilon_high,
-        beta=t.beta,
-        normalisation=t.normalisation.value,
-        importance_sampling=t.importance_sampling.value,
-        importance_sampling_clip=t.importance_sampling_clip,
-        temperature=run.sampling.temperature,
-        max_grad_norm=t.max_grad_norm,
-        weight_decay=t.weight_decay,
-        optim=t.optim,
-        dtype=t.dtype,
-        gradient_checkpointing=t.gradient_checkpointing,
-        prefix_sharing=t.prefix_sharing.value,
-        seed=run.seed,
-        token_budget=t.token_budget,
-        max_completion_length=t.max_completion_length,
-    )
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
@@ -292,7 +261,7 @@ async def _run_rl(run: RunConfig) -> float:
     from fineenvs.train.grpo import CapturedGRPOTrainer
     from fineenvs.train.lockstep import Lockstep
 
-    assert isinstance(run.trainer, GRPOSpec)
+    assert isinstance(run.trainer, GRPOSettings)
     t, s = run.trainer, run.scheduler
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
@@ -316,7 +285,7 @@ async def _run_rl(run: RunConfig) -> float:
     started = time.monotonic()
     # Every process builds the trainer (a collective under accelerate); only the main process
     # runs the engine, the proxy and the agents, and the others replay its trainer calls.
-    trainer = CapturedGRPOTrainer(model_dir, trainer_settings(run), out / "trainer")
+    trainer = CapturedGRPOTrainer(model_dir, run.trainer, out / "trainer")
     lock = Lockstep(trainer)
     # Each process may have resolved its own timestamped Hydra directory: the main process's wins.
     out = Path(lock.agree(str(out)))
@@ -518,12 +487,12 @@ def parity_gate(run: RunConfig, engine: Any, out: Path) -> Any:
     """The engine-trainer parity gate for this run's engine (``fineenvs.engine.parity``)."""
     from fineenvs.engine.parity import ParityGate, tolerance
 
-    assert isinstance(run.trainer, GRPOSpec)
+    assert isinstance(run.trainer, GRPOSettings)
     allowed = run.engine.parity_tolerance or tolerance(engine_dtype(run), run.trainer.dtype)
     return ParityGate(engine.url, engine.served_model_name, tolerance=allowed, out_dir=out / "parity")
 
 
-def in_training_eval_due(step: int, t: GRPOSpec) -> bool:
+def in_training_eval_due(step: int, t: GRPOSettings) -> bool:
     """Whether the in-training hook evaluates the checkpoint saved at ``step``."""
     return step % t.eval_steps == 0 and (t.eval_at_end or step < t.max_steps)
 

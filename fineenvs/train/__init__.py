@@ -1,7 +1,8 @@
 """Training on captured rows.
 
 - ``rows``: ``TrainRow`` (the trainer's input) and ``group_advantages`` (pure).
-- ``grpo``: ``GRPOTrainerSettings`` and ``CapturedGRPOTrainer`` (GRPO on TRL 1.16's loss).
+- ``grpo_config``: ``GRPOSettings`` (every RL training setting, the ``trainer=grpo`` schema);
+  ``grpo``: ``CapturedGRPOTrainer`` (GRPO on TRL 1.16's loss).
 - ``batching``: normalisation weights and micro-batches; ``trl_compat``: every TRL-internal touch.
 - ``checkpoint``: save / resume; ``accelerate/``: launch configs; ``python -m fineenvs.train``:
   a few steps on a tiny model (also under ``accelerate launch``).

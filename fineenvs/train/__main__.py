@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
+from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.train_rows import TrainRow
 
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--attempts", type=int, default=4)
-    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--per-device-batch-size", type=int, default=2)
     p.add_argument("--normalisation", default="per_token")
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--output-dir", type=Path, default=None)
@@ -65,11 +66,16 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="fineenvs-train-"))
-    settings = GRPOTrainerSettings(
+    settings = GRPOSettings(
         learning_rate=args.learning_rate,
-        micro_batch_size=args.micro_batch_size,
+        per_device_batch_size=args.per_device_batch_size,
         normalisation=args.normalisation,
         max_steps=max(args.steps, 1),
+        # The plain float32 path: a check that steps run (also under ``accelerate launch``, where
+        # every process must take the same forward passes), not the published precision.
+        dtype="float32",
+        gradient_checkpointing=False,
+        prefix_sharing="padded",
     )
     trainer = CapturedGRPOTrainer(model_dir, settings, out)
     main_process = trainer.accelerator.is_main_process

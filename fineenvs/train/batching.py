@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from fineenvs.train.grpo_config import NORMALISATIONS
 from fineenvs.train.train_rows import TrainRow
 
-NORMALISATIONS: tuple[str, ...] = ("per_token", "per_attempt", "per_row", "loss_type")
 LOSS_TYPE_NORMALISATION = {
     "dapo": "per_token",
     "bnpo": "per_token",

@@ -24,14 +24,14 @@ KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (times the ratio, TRL's
 ``use_bias_correction_kl``) against the initial weights, weighted like the policy term.
 
 Prefix sharing (``prefix_sharing``). ``padded``: every row is forwarded from its first token,
-right-padded in micro-batches of ``micro_batch_size`` rows (``batching``), so a prefix held by ``k``
+right-padded in micro-batches of ``per_device_batch_size`` rows (``batching``), so a prefix held by ``k``
 rows is computed ``k`` times. ``shared``: the step's rows become a token-prefix tree
 (``prefix_tree``: an attempt's forked calls, a group's prompt) and each node is forwarded and
 backpropagated once, its children continuing from its state through transformers' cache objects
 (attention keys and values, LFM2's convolution state, Qwen3.5's convolution and recurrent state;
 ``shared``); TRL's loss is then taken on each row's logprobs exactly as on a padded micro-batch,
 so the loss, normalisation and weights are the padded path's (gradients equal to 1e-5, tested for
-the three tiny architectures). ``micro_batch_size`` does not apply there. Under several processes
+the three tiny architectures). ``per_device_batch_size`` does not apply there. Under several processes
 the step takes the padded path (data-parallel backends need the same forward passes on every
 process), with a warning. Neither path packs rows into one sequence, so LFM2's short convolutions
 and Qwen3.5's linear attention never scan across rows. TRL's ``AsyncGRPOTrainer`` packs shared
@@ -50,7 +50,7 @@ engine's dtype, for ``fineenvs.engine.weights.WeightSync.push`` (NCCL broadcasts
 embedded engine stage it as a safetensors directory); ``export_weights(dir, dtype)`` writes that
 directory itself. ``on_weights_updated`` is called after every ``weight_sync_interval`` optimizer
 steps with the trainer, so the caller pushes.
-``policy_version`` counts optimizer steps since the initial weights (plus ``initial_version``).
+``policy_version`` counts optimizer steps since the initial weights.
 Under several processes the callback runs on every process: call ``state_dict()`` on all of them
 (it gathers FSDP shards) and push from ``trainer.accelerator.is_main_process`` only.
 
@@ -96,123 +96,14 @@ from fineenvs.train.batching import (
     resolve_normalisation,
     token_weights,
 )
+from fineenvs.train.grpo_config import CLIPPED_LOSS_TYPES, TRL_VERSION, GRPOSettings
 from fineenvs.train.prefix_tree import Node, PrefixTree, build_tree
 from fineenvs.train.shared import SharedForward, all_positions, trained_positions
 from fineenvs.train.train_rows import TrainRow
-from fineenvs.train.trl_compat import (
-    CLIPPED_LOSS_TYPES,
-    IMPORTANCE_SAMPLING,
-    LOSS_TYPES,
-    TRL_VERSION,
-    TrlLoss,
-    add_fused_head,
-    token_logps,
-)
+from fineenvs.train.trl_compat import TrlLoss, add_fused_head, token_logps
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PREFIX_SHARING = ("shared", "padded")
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GRPOTrainerSettings:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    max_steps: int = 1000
-    micro_batch_size: int = 4
-    """Rows per forward pass."""
-    gradient_accumulation_steps: int = 4
-    """Micro-batches per optimizer step the caller aims for: it hands ``step`` about
-    ``micro_batch_size * gradient_accumulation_steps * processes`` rows. ``step`` trains all rows
-    it gets in one optimizer step whatever their number."""
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    normalisation: str = "per_token"
-    importance_sampling: str = "none"
-    importance_sampling_clip: float = 3.0
-    importance_sampling_level: str = "token"
-    temperature: float = 1.0
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    optim: str = "adamw_torch"
-    dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    token_budget: int = 40960
-    """Longest row trained; longer rows are left out and counted (``train/rows_over_budget``)."""
-    max_completion_length: int = 16384
-    """Only ``dr_grpo``'s constant normaliser uses it."""
-    weight_sync_interval: int = 1
-    initial_version: int = 0
-    process_timeout_s: int = 6 * 3600
-    """Under several processes, how long the others may wait in a collective for the main
-    process (which collects rollouts between steps): torch.distributed's ``timeout``."""
-    prefix_sharing: str = "padded"
-    """``shared``: each token prefix the step's rows share is forwarded and backpropagated once
-    (``fineenvs.train.shared``); ``padded``: every row alone, in right-padded micro-batches. Same
-    loss and gradient (tested to 1e-5). The recipe (``GRPOSpec``) defaults to ``shared``."""
-
-    def check(self) -> None:
-        """Raise ``ValueError`` listing every bad field with the fix."""
-        p: list[str] = []
-        if self.loss_type not in LOSS_TYPES:
-            p.append(f"loss_type={self.loss_type!r} is not a TRL {TRL_VERSION} GRPO loss type {LOSS_TYPES}")
-        try:
-            rule = resolve_normalisation(self.normalisation, self.loss_type)
-        except ValueError as e:
-            p.append(str(e))
-            rule = ""
-        if self.loss_type == "vespo" and rule not in ("", "per_token"):
-            p.append(
-                "loss_type='vespo' reads TRL's importance-sampling tensor as a ratio, so only "
-                "normalisation='per_token' (or 'loss_type') is supported with it"
-            )
-        if self.importance_sampling not in IMPORTANCE_SAMPLING:
-            p.append(f"importance_sampling={self.importance_sampling!r} is not one of {IMPORTANCE_SAMPLING}")
-        if self.importance_sampling != "none" and not self.importance_sampling_clip > 1.0:
-            p.append(
-                f"importance_sampling_clip={self.importance_sampling_clip} must be > 1: TIS truncates the "
-                "ratio at C, masking keeps [1/C, C]"
-            )
-        if self.importance_sampling_level not in ("token", "sequence"):
-            p.append(
-                f"importance_sampling_level={self.importance_sampling_level!r} must be 'token' or 'sequence'"
-            )
-        if self.dtype not in DTYPES:
-            p.append(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
-        elif self.dtype == "float16":
-            p.append(
-                "dtype='float16' needs loss scaling, which this trainer does not do (fp16 gradients "
-                "underflow); use dtype='bfloat16' (autocast over float32 weights) or 'float32'"
-            )
-        if not self.temperature > 0.0:
-            p.append(
-                f"temperature={self.temperature} must be > 0 and equal the engine's sampling temperature "
-                "(the trainer divides logits by it)"
-            )
-        for name in (
-            "max_steps",
-            "micro_batch_size",
-            "gradient_accumulation_steps",
-            "token_budget",
-            "weight_sync_interval",
-        ):
-            if getattr(self, name) < 1:
-                p.append(f"{name}={getattr(self, name)} must be >= 1")
-        if not self.learning_rate > 0:
-            p.append(f"learning_rate={self.learning_rate} must be > 0")
-        if self.beta < 0:
-            p.append(f"beta={self.beta} must be >= 0")
-        if self.prefix_sharing not in PREFIX_SHARING:
-            p.append(
-                f"prefix_sharing={self.prefix_sharing!r} is not one of {PREFIX_SHARING}: 'shared' computes each "
-                "prefix the rows share once, 'padded' forwards every row alone"
-            )
-        if p:
-            raise ValueError("GRPOTrainerSettings: " + "; ".join(p))
 
 
 @dataclass
@@ -253,17 +144,19 @@ class _Tally:
 class CapturedGRPOTrainer:
     """GRPO on captured rows (see the module docstring).
 
-    ``settings`` is kept by reference. Read at every step: ``prefix_sharing``, ``micro_batch_size``,
+    ``settings`` is kept by reference. Read at every step: ``prefix_sharing``, ``per_device_batch_size``,
     ``normalisation``, ``importance_sampling``, ``importance_sampling_clip``, ``token_budget``,
     ``max_completion_length``, ``weight_sync_interval``, ``max_grad_norm``, and ``beta`` (which
     can only be turned off later, the reference model being loaded at construction). The loss
     type, clipping, temperature, optimizer and schedule are fixed at construction.
     """
 
+    settings: GRPOSettings
+
     def __init__(
         self,
         model_dir: Path,
-        settings: GRPOTrainerSettings,
+        settings: GRPOSettings,
         output_dir: Path,
         *,
         on_weights_updated: Callable[[CapturedGRPOTrainer], None] | None = None,
@@ -322,7 +215,7 @@ class CapturedGRPOTrainer:
             # Frozen: it needs no float32 master copy, the compute dtype halves its memory.
             self.ref_model = self._load_reference(self.compute_dtype)
         self.global_step = 0
-        self._version = settings.initial_version
+        self._version = 0
         self._runners: dict[str, SharedForward] = {}
         self._warned_shared = False
 
@@ -330,7 +223,7 @@ class CapturedGRPOTrainer:
 
     @property
     def policy_version(self) -> int:
-        """Version of the current weights: ``initial_version`` + optimizer steps taken."""
+        """Version of the current weights: optimizer steps taken since the initial weights."""
         return self._version
 
     @property
@@ -508,7 +401,7 @@ class CapturedGRPOTrainer:
         """Every row forwarded alone, in right-padded micro-batches; returns the tally, the number
         of micro-batches and the tokens forwarded (padding included)."""
         s = self.settings
-        plan = plan_micro_batches(kept, s.micro_batch_size)
+        plan = plan_micro_batches(kept, s.per_device_batch_size)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = plan[rank::world]
         n_local = math.ceil(len(plan) / world)
@@ -521,7 +414,7 @@ class CapturedGRPOTrainer:
             if world > 1:
                 # TRL gathers per-row metrics across processes inside _compute_loss, so every
                 # process must pass the same number of rows: pad with zero-weight copies.
-                indices = indices + [plan[0][0]] * (s.micro_batch_size - real)
+                indices = indices + [plan[0][0]] * (s.per_device_batch_size - real)
             mb = build_micro_batch(kept, indices, weights, self.pad_token_id, device)
             mb.weights[real:] = 0.0
             forwarded += mb.size * (mb.prompt_ids.size(1) + mb.completion_ids.size(1))

@@ -13,7 +13,7 @@ runs the call; ``lock.follow()`` is the other processes' whole job: receive a ca
 
 The processes wait in the broadcast while the main process collects rollouts, which takes
 minutes: the process group is created with ``ddp_timeout`` long enough for that
-(``GRPOTrainerSettings.process_timeout_s``, passed to TRL's config).
+(``GRPOSettings.process_timeout_s``, passed to TRL's config).
 
 A call that fails on the main process may have left the others inside its collective (an
 all-reduce in ``step``): a "stop" broadcast would then pair with the wrong collective and hang

@@ -70,13 +70,11 @@ from typing import Any
 import torch
 
 from fineenvs.train.batching import MicroBatch
-
-TRL_VERSION = "1.16.0"
-IMPORTANCE_SAMPLING = ("none", "tis", "mask")
-# Loss types whose per-token loss TRL multiplies by ``importance_sampling_ratio``.
-MULTIPLIED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
-LOSS_TYPES = (*MULTIPLIED_LOSS_TYPES, "vespo")
-CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+from fineenvs.train.grpo_config import (
+    IMPORTANCE_SAMPLING,
+    LOSS_TYPES,
+    TRL_VERSION,
+)
 
 # Source fragments of GRPOTrainer._compute_loss this module relies on; a refactor that drops one
 # changes the semantics we depend on even if every attribute still exists.

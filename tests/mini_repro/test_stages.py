@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from fineenvs.config import (
     ConfigError,
     EngineKind,
-    GRPOSpec,
+    GRPOSettings,
     HarnessSelection,
     Job,
     ModelSource,
@@ -78,7 +78,7 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert b_lt.trainer.rollout_slices == {} and list(b_lt.harness) == ["pi"]
     for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", ["pi", "mini_swe_agent", "opencode"])):
         (r,) = runs[name]
-        assert r.job is Job.rl and isinstance(r.trainer, GRPOSpec) and r.engine.policy == "model"
+        assert r.job is Job.rl and isinstance(r.trainer, GRPOSettings) and r.engine.policy == "model"
         assert r.model.source is ModelSource.local and r.model.path == str(base)
         assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
         assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0 and r.trainer.dynamic_sampling

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
 from fineenvs.train.train_rows import TrainRow
+from tests.train.cpu_settings import cpu_settings
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def test_weight_sync_through_the_embedded_engine(
         served: list[int] = []
         trainer = CapturedGRPOTrainer(
             model_dir,
-            GRPOTrainerSettings(learning_rate=1e-2, temperature=temperature, micro_batch_size=4),
+            cpu_settings(learning_rate=1e-2, temperature=temperature, per_device_batch_size=4),
             tmp_path / "trainer",
             on_weights_updated=lambda t: served.append(sync.push(t.state_dict(), t.policy_version)),
         )

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from fineenvs.train.batching import token_weights
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
+from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.train_rows import TrainRow
+from tests.train.cpu_settings import cpu_settings
 
 from .conftest import SampleRows
 
@@ -53,7 +55,7 @@ def test_step_trains_and_reports_metrics(
     model: str, tiny_model_factory: Callable[..., Path], sampled_rows: SampleRows, tmp_path: Path
 ) -> None:
     model_dir = tiny_model_factory(model)
-    s = GRPOTrainerSettings(learning_rate=1e-3, micro_batch_size=2)
+    s = cpu_settings(learning_rate=1e-3, per_device_batch_size=2)
     trainer = CapturedGRPOTrainer(model_dir, s, tmp_path)
     rows = sampled_rows(model_dir, attempts=3, rows_per_attempt=[1, 2, 1])
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -83,15 +85,13 @@ def test_on_policy_ratio_is_one_at_step_zero(
     trainer's padded, batched forward at the same temperature."""
     model_dir = tiny_model_factory(model)
     rows = sampled_rows(model_dir, attempts=4, temperature=0.7, seed=3)
-    trainer = CapturedGRPOTrainer(
-        model_dir, GRPOTrainerSettings(temperature=0.7, micro_batch_size=4), tmp_path
-    )
+    trainer = CapturedGRPOTrainer(model_dir, cpu_settings(temperature=0.7, per_device_batch_size=4), tmp_path)
     m = trainer.step(rows)
     assert abs(m["train/ratio"] - 1.0) <= 1e-4, m
     assert 1 - 1e-3 <= m["train/ratio_min"] <= m["train/ratio_max"] <= 1 + 1e-3, m
     assert m["train/clip_fraction"] == 0.0
     # Negative control: a trainer at the wrong temperature sees these rows as off-policy.
-    wrong = CapturedGRPOTrainer(model_dir, GRPOTrainerSettings(temperature=1.0), tmp_path / "wrong")
+    wrong = CapturedGRPOTrainer(model_dir, cpu_settings(temperature=1.0), tmp_path / "wrong")
     off = wrong.loss_and_gradients(rows)
     assert off["train/ratio_max"] - off["train/ratio_min"] > 0.05, off
 
@@ -110,7 +110,7 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_split(
 ) -> None:
     model_dir = tiny_model_factory(model)
     rows = sampled_rows(model_dir, attempts=4, rows_per_attempt=[1, 3, 2, 2], seed=5)
-    s = GRPOTrainerSettings(normalisation=normalisation, micro_batch_size=8)
+    s = cpu_settings(normalisation=normalisation, per_device_batch_size=8)
     trainer = CapturedGRPOTrainer(model_dir, s, tmp_path)
     # Make it off-policy so that clipping and ratios are part of what must match.
     rows = [
@@ -127,7 +127,7 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_split(
     ]
     loss_1, grads_1 = grads_of(trainer, rows)
     for mbs, n_mb in ((4, 2), (2, 4)):
-        s.micro_batch_size = mbs
+        s.per_device_batch_size = mbs
         m = trainer.loss_and_gradients(rows)
         assert m["train/micro_batches"] == n_mb
         loss, grads = grads_of(trainer, rows)
@@ -141,7 +141,7 @@ def test_multi_row_attempt_trains_every_row_and_per_attempt_weighs_attempts_equa
     rows = sampled_rows(qwen_dir, attempts=2, rows_per_attempt=[1, 4], advantages=[1.0, -0.5], seed=7)
     one, four = rows[:1], rows[1:]
     assert len({r.advantage for r in four}) == 1
-    s = GRPOTrainerSettings(normalisation="per_token", micro_batch_size=2)
+    s = cpu_settings(normalisation="per_token", per_device_batch_size=2)
     trainer = CapturedGRPOTrainer(qwen_dir, s, tmp_path)
 
     # Every row of the 4-row attempt contributes: its gradient is the token-weighted sum of its rows'.
@@ -167,7 +167,7 @@ def test_multi_row_attempt_trains_every_row_and_per_attempt_weighs_attempts_equa
 
 
 def test_rows_of_one_attempt_must_share_its_advantage(qwen_dir: Path, tmp_path: Path) -> None:
-    trainer = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(), tmp_path)
+    trainer = CapturedGRPOTrainer(qwen_dir, cpu_settings(), tmp_path)
     a = TrainRow([5, 6, 7], [0, 1, 1], [0.0, -1.0, -1.0], 1.0, "x", "g", 0)
     b = TrainRow([5, 6, 8], [0, 1, 1], [0.0, -1.0, -1.0], 0.5, "x", "g", 0)
     with pytest.raises(ValueError, match="attempt 'x' has rows with advantages 1.0 and 0.5"):
@@ -175,7 +175,7 @@ def test_rows_of_one_attempt_must_share_its_advantage(qwen_dir: Path, tmp_path: 
 
 
 def test_rows_from_another_tokenizer_are_refused(qwen_dir: Path, tmp_path: Path) -> None:
-    trainer = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(), tmp_path)
+    trainer = CapturedGRPOTrainer(qwen_dir, cpu_settings(), tmp_path)
     row = TrainRow([5, 6, 5000], [0, 1, 1], [0.0, -1.0, -1.0], 1.0, "x", "g", 0)
     with pytest.raises(ValueError, match="token id 5000, outside the model's vocabulary of 1024"):
         trainer.step([row])
@@ -211,7 +211,7 @@ def test_tis_and_mask_change_the_loss_as_specified(
 ) -> None:
     C = 3.0
     # Wide clip range: the PPO clip stays inactive, so only the importance-sampling gate acts.
-    s = GRPOTrainerSettings(epsilon=10.0, epsilon_high=10.0, importance_sampling_clip=C, micro_batch_size=2)
+    s = cpu_settings(epsilon=10.0, epsilon_high=10.0, importance_sampling_clip=C, per_device_batch_size=2)
     trainer = CapturedGRPOTrainer(qwen_dir, s, tmp_path)
     rows, rhos = crafted_stale_rows(trainer, sampled_rows(qwen_dir, attempts=3, seed=11))
     weights = token_weights(rows, "per_token")
@@ -251,8 +251,8 @@ def test_checkpoint_resume_continues_exactly(
     qwen_dir: Path, sampled_rows: SampleRows, tmp_path: Path
 ) -> None:
     batches = [sampled_rows(qwen_dir, attempts=2, seed=20 + i) for i in range(3)]
-    s = GRPOTrainerSettings(
-        learning_rate=2e-3, lr_scheduler_type="linear", warmup_steps=1, max_steps=6, micro_batch_size=2
+    s = cpu_settings(
+        learning_rate=2e-3, lr_scheduler_type="linear", warmup_steps=1, max_steps=6, per_device_batch_size=2
     )
     a = CapturedGRPOTrainer(qwen_dir, s, tmp_path / "a")
     a.step(batches[0])
@@ -269,7 +269,7 @@ def test_checkpoint_resume_continues_exactly(
     ):
         assert (ckpt / name).is_file(), name
 
-    b = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(**vars(s)), tmp_path / "b")
+    b = CapturedGRPOTrainer(qwen_dir, GRPOSettings(**vars(s)), tmp_path / "b")
     b.load_checkpoint(ckpt)
     assert b.policy_version == 2 and b.global_step == 2
     m_b = b.step(batches[2])
@@ -280,7 +280,7 @@ def test_checkpoint_resume_continues_exactly(
         assert torch.allclose(p, q, atol=1e-7), n  # optimizer moments were restored too
 
     # A fresh trainer without the optimizer state diverges (the test can fail).
-    c = CapturedGRPOTrainer(ckpt, GRPOTrainerSettings(**vars(s)), tmp_path / "c")
+    c = CapturedGRPOTrainer(ckpt, GRPOSettings(**vars(s)), tmp_path / "c")
     c.step(batches[2])
     assert any(
         not torch.allclose(p, q, atol=1e-7)
@@ -289,7 +289,7 @@ def test_checkpoint_resume_continues_exactly(
 
 
 def test_load_checkpoint_refuses_a_plain_model_dir(qwen_dir: Path, tmp_path: Path) -> None:
-    trainer = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(), tmp_path)
+    trainer = CapturedGRPOTrainer(qwen_dir, cpu_settings(), tmp_path)
     with pytest.raises(FileNotFoundError, match="not a CapturedGRPOTrainer checkpoint"):
         trainer.load_checkpoint(qwen_dir)
 
@@ -305,7 +305,7 @@ def test_exported_weights_reload_into_the_engine_and_stay_on_policy(
     from .conftest import sample_rows
 
     pushed: list[int] = []
-    s = GRPOTrainerSettings(learning_rate=1e-2, micro_batch_size=4)
+    s = cpu_settings(learning_rate=1e-2, per_device_batch_size=4)
     trainer = CapturedGRPOTrainer(
         qwen_dir, s, tmp_path, on_weights_updated=lambda t: pushed.append(t.policy_version)
     )
@@ -339,7 +339,7 @@ def test_exported_weights_reload_into_the_engine_and_stay_on_policy(
 
 def test_weight_sync_interval(qwen_dir: Path, sampled_rows: SampleRows, tmp_path: Path) -> None:
     calls: list[int] = []
-    s = GRPOTrainerSettings(weight_sync_interval=2)
+    s = cpu_settings(weight_sync_interval=2)
     trainer = CapturedGRPOTrainer(
         qwen_dir, s, tmp_path, on_weights_updated=lambda t: calls.append(t.policy_version)
     )
@@ -354,7 +354,7 @@ def test_over_budget_rows_are_counted_not_trained(
 ) -> None:
     rows = sampled_rows(qwen_dir, attempts=3, seed=50)
     budget = sorted(len(r.input_ids) for r in rows)[1]
-    trainer = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(token_budget=budget), tmp_path)
+    trainer = CapturedGRPOTrainer(qwen_dir, cpu_settings(token_budget=budget), tmp_path)
     m = trainer.loss_and_gradients(rows)
     kept = [r for r in rows if len(r.input_ids) <= budget]
     assert m["train/rows"] == len(kept) and m["train/rows_over_budget"] == len(rows) - len(kept)
@@ -365,12 +365,12 @@ def test_over_budget_rows_are_counted_not_trained(
 
 def test_settings_errors_name_the_field() -> None:
     with pytest.raises(ValueError) as err:
-        GRPOTrainerSettings(
+        cpu_settings(
             loss_type="ppo",
             normalisation="per_seq",
             importance_sampling="is",
             temperature=0.0,
-            micro_batch_size=0,
+            per_device_batch_size=0,
         ).check()
     text = str(err.value)
     for part in (
@@ -378,19 +378,19 @@ def test_settings_errors_name_the_field() -> None:
         "normalisation='per_seq'",
         "importance_sampling='is'",
         "temperature=0.0",
-        "micro_batch_size=0",
+        "per_device_batch_size must be >= 1 (got 0)",
     ):
         assert part in text
     with pytest.raises(ValueError, match="importance_sampling_clip=0.5 must be > 1"):
-        GRPOTrainerSettings(importance_sampling="tis", importance_sampling_clip=0.5).check()
+        cpu_settings(importance_sampling="tis", importance_sampling_clip=0.5).check()
 
 
 @pytest.mark.slow
 def test_kl_to_the_initial_policy(qwen_dir: Path, sampled_rows: SampleRows, tmp_path: Path) -> None:
     rows = sampled_rows(qwen_dir, attempts=3, seed=60)
-    s = GRPOTrainerSettings(beta=0.1, learning_rate=1e-2)
+    s = cpu_settings(beta=0.1, learning_rate=1e-2)
     trainer = CapturedGRPOTrainer(qwen_dir, s, tmp_path)
-    plain = CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(learning_rate=1e-2), tmp_path / "plain")
+    plain = CapturedGRPOTrainer(qwen_dir, cpu_settings(learning_rate=1e-2), tmp_path / "plain")
     # Policy == reference at step 0: the KL term is exactly zero.
     assert trainer.loss_and_gradients(rows)["train/loss"] == pytest.approx(
         plain.loss_and_gradients(rows)["train/loss"], abs=1e-7
@@ -407,8 +407,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(
     qwen_dir: Path, sampled_rows: SampleRows, tmp_path: Path
 ) -> None:
     rows = sampled_rows(qwen_dir, attempts=3, seed=70)
-    _, g_plain = grads_of(CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(), tmp_path / "p"), rows)
+    _, g_plain = grads_of(CapturedGRPOTrainer(qwen_dir, cpu_settings(), tmp_path / "p"), rows)
     _, g_ckpt = grads_of(
-        CapturedGRPOTrainer(qwen_dir, GRPOTrainerSettings(gradient_checkpointing=True), tmp_path / "c"), rows
+        CapturedGRPOTrainer(qwen_dir, cpu_settings(gradient_checkpointing=True), tmp_path / "c"), rows
     )
     assert_grads_close(g_plain, g_ckpt, "gradient checkpointing")

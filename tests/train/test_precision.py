@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
+from tests.train.cpu_settings import cpu_settings
 
 from .conftest import SampleRows
 
@@ -38,7 +39,7 @@ def test_bf16_step_at_published_lr_changes_as_many_weights_as_float32(
     for dtype in ("float32", "bfloat16"):
         trainer = CapturedGRPOTrainer(
             tiny_qwen_dir,
-            GRPOTrainerSettings(learning_rate=LR, dtype=dtype, micro_batch_size=4),
+            cpu_settings(learning_rate=LR, dtype=dtype, per_device_batch_size=4),
             tmp_path / dtype,
         )
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters()), "master weights are fp32"
@@ -57,7 +58,7 @@ def test_bf16_forward_really_runs_in_bf16(
     rows = sampled_rows(tiny_qwen_dir, attempts=2, seed=6)
     logps = {}
     for dtype in ("float32", "bfloat16"):
-        trainer = CapturedGRPOTrainer(tiny_qwen_dir, GRPOTrainerSettings(dtype=dtype), tmp_path / dtype)
+        trainer = CapturedGRPOTrainer(tiny_qwen_dir, cpu_settings(dtype=dtype), tmp_path / dtype)
         logps[dtype] = torch.tensor(trainer.token_logprobs(rows[:1])[0])
     gap = float((logps["float32"] - logps["bfloat16"]).abs().max())
     assert 1e-5 < gap < 0.5, f"bf16 autocast should shift logprobs by rounding noise, got {gap}"
@@ -80,7 +81,7 @@ def test_plain_bf16_weights_would_lose_the_step(tiny_qwen_dir: Path) -> None:
 
 def test_float16_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="bfloat16"):
-        GRPOTrainerSettings(dtype="float16").check()
+        cpu_settings(dtype="float16").check()
 
 
 @pytest.mark.slow
@@ -109,7 +110,7 @@ def test_vllm_pushes_name_tensors_as_the_checkpoint_files_do(
     from safetensors import safe_open
 
     model_dir = tiny_model_factory(model)
-    trainer = CapturedGRPOTrainer(model_dir, GRPOTrainerSettings(), tmp_path)
+    trainer = CapturedGRPOTrainer(model_dir, cpu_settings(), tmp_path)
     with safe_open(str(model_dir / "model.safetensors"), "pt") as files:
         names = set(files.keys())
     pushed = trainer.state_dict("bfloat16", checkpoint_format=True)

@@ -28,10 +28,11 @@ import pytest
 import torch
 
 from fineenvs.bench.trainer import group_rows, load_recorded, synthetic_group
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
 from fineenvs.train.prefix_tree import build_tree
 from fineenvs.train.shared import layer_kinds
 from fineenvs.train.train_rows import TrainRow
+from tests.train.cpu_settings import cpu_settings
 
 MODELS = ("tiny_qwen", "tiny_lfm2", "tiny_qwen3_5")
 Grads = dict[str, torch.Tensor]
@@ -65,7 +66,7 @@ def trainers(
     out = {}
     for name in MODELS:
         out[name] = CapturedGRPOTrainer(
-            tiny_model_factory(name), GRPOTrainerSettings(micro_batch_size=4), tmp_path_factory.mktemp(name)
+            tiny_model_factory(name), cpu_settings(per_device_batch_size=4), tmp_path_factory.mktemp(name)
         )
     return out
 
@@ -163,7 +164,7 @@ def test_shared_prefix_policies_and_normalisations(
 def test_other_losses_equal_padded(
     change: dict[str, object], tiny_model_factory: Callable[..., Path], tmp_path: Path
 ) -> None:
-    settings = GRPOTrainerSettings(**change)  # type: ignore[arg-type]
+    settings = cpu_settings(**change)  # type: ignore[arg-type]
     trainer = CapturedGRPOTrainer(tiny_model_factory("tiny_qwen"), settings, tmp_path)
     rows = recorded_rows(seed=5)
     m_pad, g_pad = run(trainer, rows, "padded")
@@ -227,7 +228,7 @@ def test_on_policy_ratio_is_one_on_the_shared_path(
     rows = engine_group(model_dir, temperature=0.7, seed=11)
     tree = build_tree([r.input_ids for r in rows])
     assert tree.row_tokens > 2 * tree.unique_tokens
-    settings = GRPOTrainerSettings(temperature=0.7, prefix_sharing="shared")
+    settings = cpu_settings(temperature=0.7, prefix_sharing="shared")
     m = CapturedGRPOTrainer(model_dir, settings, tmp_path).loss_and_gradients(rows)
     assert abs(m["train/ratio"] - 1.0) <= 1e-4, m
     assert 1 - 1e-3 <= m["train/ratio_min"] <= m["train/ratio_max"] <= 1 + 1e-3, m
@@ -242,7 +243,7 @@ def test_gradient_checkpointing_and_kl_on_the_shared_path(
     reference logprobs come from the same tree."""
     rows = recorded_rows(seed=9)
     model_dir = tiny_model_factory(model)
-    settings = GRPOTrainerSettings(gradient_checkpointing=True, beta=0.1, learning_rate=1e-2)
+    settings = cpu_settings(gradient_checkpointing=True, beta=0.1, learning_rate=1e-2)
     trainer = CapturedGRPOTrainer(model_dir, settings, tmp_path)
     trainer.step(rows)  # move the policy away from the reference, so the KL term is not zero
     m_pad, g_pad = run(trainer, rows, "padded")
@@ -256,7 +257,7 @@ def test_gradient_checkpointing_and_kl_on_the_shared_path(
 
 def test_prefix_sharing_setting_is_checked() -> None:
     with pytest.raises(ValueError, match=r"prefix_sharing='tree' is not one of \('shared', 'padded'\)"):
-        GRPOTrainerSettings(prefix_sharing="tree").check()
+        cpu_settings(prefix_sharing="tree").check()
 
 
 def test_layer_types_without_a_branch_cache_are_refused() -> None:
@@ -273,20 +274,19 @@ def test_layer_types_without_a_branch_cache_are_refused() -> None:
 
 def test_recipes_train_on_the_shared_path_and_bad_values_name_the_choices() -> None:
     from hydra import compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
 
-    from fineenvs.config import to_run_config
-    from fineenvs.jobs.rl import trainer_settings
+    from fineenvs.config import ConfigError, to_run_config
     from fineenvs.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for experiment in ("smoke", "mini_repro"):
             run = to_run_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))
-            assert trainer_settings(run).prefix_sharing == "shared", experiment
+            assert run.trainer.prefix_sharing == "shared", experiment
         run = to_run_config(
             compose(config_name="config", overrides=["+experiment=smoke", "trainer.prefix_sharing=padded"])
         )
-        assert trainer_settings(run).prefix_sharing == "padded"
-        with pytest.raises(ConfigCompositionException) as err:
-            compose(config_name="config", overrides=["+experiment=smoke", "trainer.prefix_sharing=tree"])
-    assert "Invalid value 'tree', expected one of [shared, padded]" in str(err.value.__cause__)
+        assert run.trainer.prefix_sharing == "padded"
+        bad = compose(config_name="config", overrides=["+experiment=smoke", "trainer.prefix_sharing=tree"])
+    with pytest.raises(ConfigError) as err:
+        to_run_config(bad)  # validates: the error comes at compose time, before anything starts
+    assert "trainer.prefix_sharing='tree' is not one of ('shared', 'padded')" in str(err.value)

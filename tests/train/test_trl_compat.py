@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from fineenvs.train import trl_compat
-from fineenvs.train.grpo import CapturedGRPOTrainer, GRPOTrainerSettings
+from fineenvs.train.grpo import CapturedGRPOTrainer
+from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.train_rows import TrainRow
 from fineenvs.train.trl_compat import TrlInternalsMoved, check_trl_internals, importance_gate
+from tests.train.cpu_settings import cpu_settings
 
 
 def test_pinned_internals_are_present() -> None:
@@ -80,7 +82,7 @@ def stale_rows(trainer: CapturedGRPOTrainer, seed: int = 0) -> list[TrainRow]:
 
 
 def manual_loss(
-    rows: list[TrainRow], logps: list[list[float]], weights: list[list[float]], s: GRPOTrainerSettings
+    rows: list[TrainRow], logps: list[list[float]], weights: list[list[float]], s: GRPOSettings
 ) -> float:
     eps_hi = s.epsilon_high if s.epsilon_high is not None else s.epsilon
     total = 0.0
@@ -131,7 +133,7 @@ def test_trl_loss_equals_formula_for_every_split(
 
     level = "sequence" if normalisation == "gspo" else "token"
     normalisation = "per_token" if normalisation == "gspo" else normalisation
-    s = GRPOTrainerSettings(
+    s = cpu_settings(
         loss_type=loss_type,
         normalisation=normalisation,
         epsilon=0.2,
@@ -145,7 +147,7 @@ def test_trl_loss_equals_formula_for_every_split(
     weights = token_weights(rows, resolve_normalisation(normalisation, loss_type), 32)
     expected = manual_loss(rows, logps, weights, s)
     for mbs in (4, 2, 1):
-        s.micro_batch_size = mbs
+        s.per_device_batch_size = mbs
         got = trainer.loss_and_gradients(rows)["train/loss"]
         assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), (loss_type, normalisation, mbs)
 
@@ -153,9 +155,9 @@ def test_trl_loss_equals_formula_for_every_split(
 @pytest.mark.slow
 def test_vespo_runs_with_per_token_only(qwen_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="vespo"):
-        GRPOTrainerSettings(loss_type="vespo", normalisation="per_attempt").check()
+        cpu_settings(loss_type="vespo", normalisation="per_attempt").check()
     trainer = CapturedGRPOTrainer(
-        qwen_dir, GRPOTrainerSettings(loss_type="vespo", micro_batch_size=2), tmp_path
+        qwen_dir, cpu_settings(loss_type="vespo", per_device_batch_size=2), tmp_path
     )
     m = trainer.loss_and_gradients(stale_rows(trainer))
     assert math.isfinite(m["train/loss"]) and m["train/loss"] != 0.0
