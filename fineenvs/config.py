@@ -2,7 +2,7 @@
 
 Every YAML option under ``conf/<group>/`` starts from the schema registered here for its group, so
 a typo or a wrong type fails at composition with Hydra's own message (``trainer=sft
-trainer.epsilon_high=0.28`` fails because ``SFTSpec`` has no such field). ``to_run_config`` turns
+trainer.epsilon_high=0.28`` fails because ``SFTSettings`` has no such field). ``to_run_config`` turns
 the composed ``DictConfig`` into these dataclasses once; code after that point sees only typed
 objects. ``validate`` runs every cross-field and cross-component check and raises one
 ``ConfigError`` listing all problems, each with the full key, what is wrong, why, and the override
@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
+from fineenvs.train.sft_config import SFTSettings
+
+if TYPE_CHECKING:
+    TrainerSettings = GRPOSettings | SFTSettings
+else:
+    # OmegaConf cannot hold a Union of dataclasses: the group's option picks the schema at compose
+    # time (``defaults: [grpo_schema]``), so the field is untyped to OmegaConf only.
+    TrainerSettings = Any
 
 # The proxy's own defaults are the run config's: one source for each (fineenvs.proxy.settings).
 _PROXY = ProxySettings()
@@ -281,37 +289,6 @@ class RewardSpec:
 
 
 @dataclass
-class SFTSpec:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    num_train_epochs: float = 2.0
-    max_steps: int = -1
-    per_device_batch_size: int = 1
-    gradient_accumulation_steps: int = 8
-    max_length: int = 40960
-    teacher_attempts_per_task: int = 3
-    teacher_dir: str | None = None
-    """job=sft: output directory of the ``job=collect_teacher`` run whose kept sessions are trained on."""
-    rollout_slices: dict[str, list[int]] = field(default_factory=dict)
-    """job=sft: per harness, ``[start, stop]`` or ``[start]`` (to the end): train on that slice of the
-    harness's kept rollouts in task-id order (``{pi: [24], opencode: [0, 24]}``: Pi's from the 25th
-    on, OpenCode's first 24; on the command line one key at a time, ``+trainer.rollout_slices.pi=[24]``);
-    a harness not named keeps all. Lets two trainings split one collection, e.g. the
-    mini-reproduction's SFT-on-the-mix baseline on rollouts its base never saw. Applied before
-    ``max_rollouts_per_harness``."""
-    max_rollouts_per_harness: int | None = None
-    """job=sft: at most this many kept rollouts per harness (the first by task id); None keeps all."""
-    merge_turns: bool = False
-    """job=sft: one example per rollout (its turns' contexts extend each other) instead of one per
-    assistant turn (published): the same supervised tokens in the same contexts, each context
-    forwarded once; the loss mean is then per rollout, not per turn (fineenvs.train.sft_trainer.merge_turns)."""
-    save_steps: int = 50
-    dtype: str = "bfloat16"
-    gradient_checkpointing: bool = True
-
-
-@dataclass
 class SchedulerSpec:
     group_size: int = 8
     max_inflight: int = 32
@@ -361,6 +338,11 @@ class EvalSpec:
     """Tasks evaluated by the in-training hook every trainer.eval_steps (None: the whole split)."""
 
 
+MINI_REPRO_STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
+MINI_REPRO_RL_BATCH = 4
+"""Rows per forward/backward pass of the mini-reproduction's RL stages."""
+
+
 @dataclass
 class MiniReproSpec:
     """``job=mini_repro``: the stages of the CPU learning mini-reproduction (``fineenvs.jobs.mini_repro``).
@@ -368,9 +350,7 @@ class MiniReproSpec:
     Each stage is its own run of ``python -m fineenvs.run`` in ``<output_dir>/<stage>``; a stage
     whose ``STAGE_DONE`` file exists is skipped, so a rerun resumes."""
 
-    stages: list[str] = field(
-        default_factory=lambda: ["teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report"]
-    )
+    stages: list[str] = field(default_factory=lambda: list(MINI_REPRO_STAGES))
     harnesses: list[str] = field(default_factory=lambda: ["pi", "mini_swe_agent", "opencode"])
     """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
     base_harness: str = "pi"
@@ -433,6 +413,53 @@ class MiniReproSpec:
     """Extra Hydra overrides given to every stage, after the recipe's ``seed`` (on the command line
     quoted: ``mini_repro.overrides=['sampling.temperature=1.0']``)."""
 
+    def problems(self) -> list[str]:
+        """Every bad knob, each with the fix (``validate`` reports them at compose time)."""
+        p: list[str] = []
+        unknown = [s for s in self.stages if s not in MINI_REPRO_STAGES]
+        if unknown or not self.stages:
+            p.append(
+                f"mini_repro.stages has {unknown or 'nothing'}; choose from {list(MINI_REPRO_STAGES)} (in order)"
+            )
+        if self.rl_rows_per_step < MINI_REPRO_RL_BATCH or self.rl_rows_per_step % MINI_REPRO_RL_BATCH:
+            p.append(
+                f"mini_repro.rl_rows_per_step={self.rl_rows_per_step}: the RL stages train {MINI_REPRO_RL_BATCH} rows per "
+                f"pass and accumulate whole passes into a step. Fix: a multiple of {MINI_REPRO_RL_BATCH}, e.g. 8 or 16"
+            )
+        if self.sft_mix_tasks < 1 or self.base_mix_tasks < 1:
+            p.append(
+                f"mini_repro.sft_mix_tasks={self.sft_mix_tasks}, base_mix_tasks={self.base_mix_tasks}: each is a number of "
+                "training tasks per harness and must be >= 1. Fix: the defaults, 24 each (to drop the SFT "
+                "baseline, leave sft_mix out of mini_repro.stages; to train the base on one harness, "
+                "mini_repro.base_sees_mix=false)"
+            )
+        if "sft_mix" in self.stages and self.teacher_tasks is not None:
+            if self.hold_out_base_harness and self.teacher_tasks <= self.sft_mix_tasks:
+                p.append(
+                    f"mini_repro.teacher_tasks={self.teacher_tasks} leaves the base no {self.base_harness} rollouts: the "
+                    f"first sft_mix_tasks={self.sft_mix_tasks} are held out for the sft_mix stage "
+                    "(hold_out_base_harness). Fix: teacher_tasks above sft_mix_tasks, or null (the whole train split)"
+                )
+            if self.teacher_tasks < self.sft_mix_tasks:
+                p.append(
+                    f"mini_repro.teacher_tasks={self.teacher_tasks} is below sft_mix_tasks={self.sft_mix_tasks}: the sft_mix "
+                    f"stage trains on the teacher's first {self.sft_mix_tasks} {self.base_harness} rollouts. Fix: "
+                    "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
+                )
+        if self.base_harness not in self.harnesses:
+            p.append(
+                f"mini_repro.base_harness={self.base_harness} is not in mini_repro.harnesses={self.harnesses}: the base "
+                "is evaluated in every harness of the mix. Fix: add it to mini_repro.harnesses"
+            )
+        seeded = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") == "seed"]
+        if seeded:
+            p.append(
+                f"mini_repro.overrides has {seeded}: the recipe's own seed goes to every stage, and an override "
+                "after it would win silently (in a seed sweep, every job would run at that one seed). "
+                "Fix: seed=<n> on the recipe's command line"
+            )
+        return p
+
 
 @dataclass
 class RunConfig:
@@ -449,8 +476,8 @@ class RunConfig:
     tasks: TasksSpec = MISSING
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     reward: RewardSpec = field(default_factory=RewardSpec)
-    trainer: Any = MISSING
-    """GRPOSettings (trainer=grpo) or SFTSpec (trainer=sft)."""
+    trainer: TrainerSettings = MISSING
+    """GRPOSettings (trainer=grpo) or SFTSettings (trainer=sft)."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     rows: RowsSpec = field(default_factory=RowsSpec)
     logger: LoggerSpec = field(default_factory=LoggerSpec)
@@ -469,7 +496,7 @@ def register_configs() -> None:
     cs.store(group="sampling", name="sampling_schema", node=SamplingSpec)
     cs.store(group="reward", name="reward_schema", node=RewardSpec)
     cs.store(group="trainer", name="grpo_schema", node=GRPOSettings)
-    cs.store(group="trainer", name="sft_schema", node=SFTSpec)
+    cs.store(group="trainer", name="sft_schema", node=SFTSettings)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSpec)
     cs.store(group="logger", name="logger_schema", node=LoggerSpec)
 
@@ -510,6 +537,8 @@ def validate(run: RunConfig) -> None:
     problems += _check_engine(run)
     problems += _check_proxy(run)
     problems += _check_reward(run)
+    if run.job is Job.mini_repro:
+        problems += run.mini_repro.problems()
     if problems:
         raise ConfigError(problems)
 
@@ -594,27 +623,28 @@ def _check_trainer(run: RunConfig) -> list[str]:
     out: list[str] = []
     if run.job in (Job.rl,) and not isinstance(t, GRPOSettings):
         out.append("job=rl needs trainer=grpo (got an SFT trainer). Fix: trainer=grpo, or job=sft")
-    if run.job is Job.sft and not isinstance(t, SFTSpec):
+    if run.job is Job.sft and not isinstance(t, SFTSettings):
         out.append("job=sft needs trainer=sft. Fix: trainer=sft")
-    if isinstance(t, SFTSpec) and t.max_rollouts_per_harness is not None and t.max_rollouts_per_harness < 1:
+    if run.job is Job.collect_teacher and not isinstance(t, SFTSettings):
+        out.append("job=collect_teacher reads trainer.teacher_attempts_per_task: use trainer=sft")
+    if run.job is Job.collect_teacher and "correctness" not in run.reward.terms:
         out.append(
-            f"trainer.max_rollouts_per_harness must be >= 1 or null (got {t.max_rollouts_per_harness}): it caps "
-            "the teacher rollouts kept per harness. Fix: trainer.max_rollouts_per_harness=null (keep all)"
+            "job=collect_teacher keeps the first *correct* attempt, so reward.terms needs correctness. "
+            "Fix: reward=correctness"
         )
-    if isinstance(t, SFTSpec):
-        for harness, bounds in t.rollout_slices.items():
-            if len(bounds) not in (1, 2) or bounds[0] < 0 or (len(bounds) == 2 and bounds[1] <= bounds[0]):
-                out.append(
-                    f"trainer.rollout_slices.{harness}={list(bounds)} is not a slice: it must be [start, stop] "
-                    "with 0 <= start < stop (rollouts in task-id order, stop excluded), or [start] for all "
-                    "from start on. "
-                    f"Fix: e.g. +trainer.rollout_slices.{harness}=[0,24]"
-                )
+    if isinstance(t, SFTSettings):
+        out.extend(t.problems())
+        for harness in t.rollout_slices:
             if run.harness and harness not in run.harness:
                 out.append(
                     f"trainer.rollout_slices names {harness!r}, which is not among this run's harnesses "
                     f"({sorted(run.harness)}): its slice would select nothing. Fix: drop it, or add the harness"
                 )
+        if run.job is Job.sft and not t.teacher_dir:
+            out.append(
+                "trainer.teacher_dir is unset: job=sft trains on the kept sessions of a teacher collection. "
+                "Fix: trainer.teacher_dir=<output dir of +experiment=collect_teacher>"
+            )
     if isinstance(t, GRPOSettings):
         out.extend(t.problems())
         if run.scheduler.group_size < 2:

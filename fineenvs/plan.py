@@ -8,7 +8,7 @@ import shlex
 import shutil
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fineenvs.config import (
     VLLM_WEIGHT_SYNCS,
@@ -17,10 +17,14 @@ from fineenvs.config import (
     Job,
     ModelSource,
     RunConfig,
-    SFTSpec,
     WeightSyncKind,
 )
 from fineenvs.train.grpo_config import GRPOSettings
+from fineenvs.train.sft_config import SFTSettings
+
+if TYPE_CHECKING:
+    from fineenvs.engine.devices import DevicePlan
+    from fineenvs.engine.vllm import VLLMServeArgs
 
 
 def engine_platform(run: RunConfig) -> str:
@@ -112,7 +116,7 @@ def model_serving_path(run: RunConfig) -> str:
     return m.path
 
 
-def vllm_args(run: RunConfig) -> Any:
+def vllm_args(run: RunConfig) -> VLLMServeArgs:
     """Map the typed config onto the launcher's arguments.
 
     The profile (tool parser, patched template, extra flags) comes from the model's name when it
@@ -169,7 +173,9 @@ def trains(run: RunConfig) -> bool:
     return run.job is Job.rl
 
 
-def device_plan(run: RunConfig, nvidia_smi: str | None = None, env: dict[str, str] | None = None) -> Any:
+def device_plan(
+    run: RunConfig, nvidia_smi: str | None = None, env: dict[str, str] | None = None
+) -> DevicePlan | None:
     """How GPUs split between a launched vLLM and the trainer (``fineenvs.engine.devices``);
     None when nothing is launched on a GPU. Raises ``DeviceError`` with the fix."""
     if run.engine.kind is not EngineKind.vllm or run.engine.url or engine_platform(run) != "cuda":
@@ -252,7 +258,7 @@ def describe_plan(run: RunConfig) -> str:
                 except ValueError as err:
                     out.append(f"    platform: cuda; GPUs: cannot split them: {err}")
                 else:
-                    out.append(f"    platform: cuda; GPUs: {devices.reason}")
+                    out.append(f"    platform: cuda; GPUs: {devices.reason if devices else 'none launched'}")
     if e.kind is EngineKind.vllm or e.url:
         out.append(f"    weight sync: {weight_sync_reason(run)}")
     else:
@@ -293,7 +299,13 @@ def describe_plan(run: RunConfig) -> str:
         f"  reward: {terms} tool_budget={r.tool_budget} verified_tool_count={r.require_verified_tool_count}"
     )
     tr = run.trainer
-    kind = "grpo" if isinstance(tr, GRPOSettings) else "sft" if isinstance(tr, SFTSpec) else type(tr).__name__
+    kind = (
+        "grpo"
+        if isinstance(tr, GRPOSettings)
+        else "sft"
+        if isinstance(tr, SFTSettings)
+        else type(tr).__name__
+    )
     out.append(f"  trainer: {kind}")
     out += _kv(tr)
     out.append("  scheduler:")

@@ -29,7 +29,7 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "tasks": (C.TasksSpec,),
     "sampling": (C.SamplingSpec,),
     "reward": (C.RewardSpec,),
-    "trainer": (C.GRPOSettings, C.SFTSpec),
+    "trainer": (C.GRPOSettings, C.SFTSettings),
     "scheduler": (C.SchedulerSpec,),
     "rows": (C.RowsSpec,),
     "logger": (C.LoggerSpec,),

@@ -20,7 +20,7 @@ from fineenvs.config import (
     Job,
     ModelFamily,
     RunConfig,
-    SFTSpec,
+    SFTSettings,
     to_run_config,
 )
 from fineenvs.paths import CONF_DIR, REPO_ROOT
@@ -66,7 +66,10 @@ def test_every_adapter_has_a_config_option() -> None:
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 @pytest.mark.parametrize("harness", [None, "all"])
 def test_every_experiment_composes(experiment: str, harness: str | None) -> None:
+    first_line = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text().splitlines()[1]
     overrides = [f"+experiment={experiment}"] + ([f"harness={harness}"] if harness else [])
+    if "trainer.teacher_dir=" in first_line:  # a key the Run line says to give (validation asks for it)
+        overrides.append("trainer.teacher_dir=/path/to/teacher")
     run = load(*overrides)
     assert run.experiment == experiment
     if harness == "all":
@@ -74,7 +77,6 @@ def test_every_experiment_composes(experiment: str, harness: str | None) -> None
     plan = describe_plan(run)
     for name in run.harness:
         assert f"    {name}: " in plan
-    first_line = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text().splitlines()[1]
     assert first_line.startswith("# Run:") and f"+experiment={experiment}" in first_line
 
 
@@ -110,9 +112,9 @@ def test_published_numbers_other_recipes() -> None:
     oc = load("+experiment=rl_opencode")
     assert set(oc.harness) == {"opencode"} and oc.model.name == "lfm2_5_2_6b"
     for name, harnesses in (("sft_multi", PAPER_MIX), ("sft_opencode", {"opencode"})):
-        sft = load(f"+experiment={name}")
+        sft = load(f"+experiment={name}", "trainer.teacher_dir=/path/to/teacher")
         assert sft.job is Job.sft and set(sft.harness) == harnesses
-        assert isinstance(sft.trainer, SFTSpec)
+        assert isinstance(sft.trainer, SFTSettings)
         t = sft.trainer
         assert (t.num_train_epochs, t.learning_rate) == (2, 3e-6)
         assert t.per_device_batch_size * t.gradient_accumulation_steps == 8
@@ -128,7 +130,7 @@ def test_published_numbers_other_recipes() -> None:
         assert set(q.harness) == harnesses and q.sampling.max_tokens == 16384
     teacher = load("+experiment=collect_teacher")
     assert teacher.model.path == "Qwen/Qwen3.8-27B" and teacher.job is Job.collect_teacher
-    assert isinstance(teacher.trainer, SFTSpec) and teacher.trainer.teacher_attempts_per_task == 3
+    assert isinstance(teacher.trainer, SFTSettings) and teacher.trainer.teacher_attempts_per_task == 3
 
 
 def test_smoke_is_cpu_only() -> None:

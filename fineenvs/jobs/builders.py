@@ -14,11 +14,14 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig, engine_dtype
 from fineenvs.rollout.attempt import AttemptSettings
 from fineenvs.trajectory import RowOptions
+
+if TYPE_CHECKING:
+    from fineenvs.engine.handle import EngineHandle
 
 
 def resolve_model_dir(run: RunConfig) -> Path:
@@ -57,8 +60,8 @@ def start_engine(
     stack: ExitStack | AsyncExitStack,
     *,
     served_model_name: str | None = None,
-) -> Any:
-    """Launch (or attach to) the engine; returns its ``EngineHandle``. ``served_model_name``
+) -> EngineHandle:
+    """Launch (or attach to) the engine. ``served_model_name``
     overrides the name clients use (evaluation serves a checkpoint under the base model's name)."""
     from fineenvs.engine import attach, launch_transformers_engine, launch_vllm
 

@@ -43,21 +43,19 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from fineenvs.config import MINI_REPRO_RL_BATCH as _RL_BATCH
+from fineenvs.config import MINI_REPRO_STAGES as STAGES
 from fineenvs.config import MiniReproSpec, RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
 from fineenvs.results import deciding_attempts, paired, read_attempts, sign_test_p, wilson
 
-STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
 DONE = "STAGE_DONE"
 
 
 def _list(values: list[str]) -> str:
     return "[" + ",".join(values) + "]"
-
-
-_RL_BATCH = 4  # rows per forward/backward pass of the RL stages
 
 
 def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[str]:
@@ -286,48 +284,6 @@ def _check_reuse(name: str, stage_dir: Path, runs: list[list[str]] | None, extra
 
 def run_mini_repro(run: RunConfig) -> float | None:
     m = run.mini_repro
-    unknown = [s for s in m.stages if s not in STAGES]
-    if unknown or not m.stages:
-        raise ValueError(
-            f"mini_repro.stages has {unknown or 'nothing'}; choose from {list(STAGES)} (in order)"
-        )
-    if m.rl_rows_per_step < _RL_BATCH or m.rl_rows_per_step % _RL_BATCH:
-        raise ValueError(
-            f"mini_repro.rl_rows_per_step={m.rl_rows_per_step}: the RL stages train {_RL_BATCH} rows per "
-            f"pass and accumulate whole passes into a step. Fix: a multiple of {_RL_BATCH}, e.g. 8 or 16"
-        )
-    if m.sft_mix_tasks < 1 or m.base_mix_tasks < 1:
-        raise ValueError(
-            f"mini_repro.sft_mix_tasks={m.sft_mix_tasks}, base_mix_tasks={m.base_mix_tasks}: each is a number of "
-            "training tasks per harness and must be >= 1. Fix: the defaults, 24 each (to drop the SFT "
-            "baseline, leave sft_mix out of mini_repro.stages; to train the base on one harness, "
-            "mini_repro.base_sees_mix=false)"
-        )
-    if "sft_mix" in m.stages and m.teacher_tasks is not None:
-        if m.hold_out_base_harness and m.teacher_tasks <= m.sft_mix_tasks:
-            raise ValueError(
-                f"mini_repro.teacher_tasks={m.teacher_tasks} leaves the base no {m.base_harness} rollouts: the "
-                f"first sft_mix_tasks={m.sft_mix_tasks} are held out for the sft_mix stage "
-                "(hold_out_base_harness). Fix: teacher_tasks above sft_mix_tasks, or null (the whole train split)"
-            )
-        if m.teacher_tasks < m.sft_mix_tasks:
-            raise ValueError(
-                f"mini_repro.teacher_tasks={m.teacher_tasks} is below sft_mix_tasks={m.sft_mix_tasks}: the sft_mix "
-                f"stage trains on the teacher's first {m.sft_mix_tasks} {m.base_harness} rollouts. Fix: "
-                "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
-            )
-    if m.base_harness not in m.harnesses:
-        raise ValueError(
-            f"mini_repro.base_harness={m.base_harness} is not in mini_repro.harnesses={m.harnesses}: the base "
-            "is evaluated in every harness of the mix. Fix: add it to mini_repro.harnesses"
-        )
-    seeded = [o for o in m.overrides if o.split("=", 1)[0].lstrip("+~") == "seed"]
-    if seeded:
-        raise ValueError(
-            f"mini_repro.overrides has {seeded}: the recipe's own seed goes to every stage, and an override "
-            "after it would win silently (in a seed sweep, every job would run at that one seed). "
-            "Fix: seed=<n> on the recipe's command line"
-        )
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -31,13 +31,15 @@ from typing import Any
 from fineenvs.config import VLLM_WEIGHT_SYNCS, ModelSource, RunConfig, WeightSyncKind, engine_dtype
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
-from fineenvs.jobs.runtime import Probe, check_harnesses, job_runtime
+from fineenvs.jobs.runtime import JobRuntime, Probe, check_harnesses, job_runtime
 from fineenvs.jsonl import append_jsonl
 from fineenvs.metrics import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
-from fineenvs.rollout.schedule import HarnessMix, build_schedule, schedule_hash
+from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
+from fineenvs.tasks.model import Task
 from fineenvs.train.grpo_config import GRPOSettings
+from fineenvs.trajectory import RowOptions
 
 log = logging.getLogger("fineenvs.jobs.rl")
 
@@ -258,113 +260,140 @@ def run_rl(run: RunConfig) -> float:
 
 
 async def _run_rl(run: RunConfig) -> float:
+    """Plan the schedule, build the trainer (every process), resume it, and on the main process
+    serve and train; the other processes replay the main process's trainer calls."""
     from fineenvs.train.grpo import CapturedGRPOTrainer
     from fineenvs.train.lockstep import Lockstep
 
     assert isinstance(run.trainer, GRPOSettings)
-    t, s = run.trainer, run.scheduler
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     check_harnesses(run)  # before the trainer loads: a missing CLI fails in seconds, not after a 27B load
-
-    tasks = load_run_tasks(run)
-    names = tuple(run.harness)
-    mix = HarnessMix(names, tuple(run.harness[n].weight for n in names))
-    schedule = build_schedule(
-        [task.task_id for task in tasks],
-        mix,
-        group_size=s.group_size,
-        passes=s.passes,
-        selection=s.harness_selection.value,
-        seed=s.seed,
-    )
-    digest = schedule_hash(schedule)
-    rows = row_options(run, t.token_budget)
-    model_dir = resolve_model_dir(run)
-    stats = LoopStats()
+    plan = _plan(run)
     started = time.monotonic()
     # Every process builds the trainer (a collective under accelerate); only the main process
     # runs the engine, the proxy and the agents, and the others replay its trainer calls.
-    trainer = CapturedGRPOTrainer(model_dir, run.trainer, out / "trainer")
+    trainer = CapturedGRPOTrainer(plan.model_dir, run.trainer, out / "trainer")
     lock = Lockstep(trainer)
     # Each process may have resolved its own timestamped Hydra directory: the main process's wins.
-    out = Path(lock.agree(str(out)))
-    state_path = out / "rollout_state.json"
-    ckpt_root = out / "checkpoints"
-    resume = latest_checkpoint(ckpt_root)
-    if resume is not None:
-        trainer.load_checkpoint(resume)
-        stats.steps = trainer.global_step
+    loop = _RLLoop(run, run.trainer, trainer, lock, Path(lock.agree(str(out))), started)
+    resume = loop.resume_trainer()
     if not lock.is_main:
         calls = await asyncio.to_thread(lock.follow)
         log.info("process %d replayed %d trainer calls", trainer.accelerator.process_index, calls)
         return 0.0
-    try:
-        (out / "schedule.json").write_text(
-            json.dumps({"hash": digest, "groups": [asdict(g) for g in schedule]})
-        )
-        # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
-        # trained after the last checkpoint were lost with those updates and may run again.
-        state = RolloutState.load_or_new(resume / "rollout_state.json" if resume else state_path, digest)
-    except BaseException:
-        lock.stop()  # release the other processes before failing
-        raise
-    if resume is not None:
-        print(
-            f"Resumed from {resume} (step {stats.steps}, {len(state.consumed)} groups consumed)", flush=True
-        )
-    sync = effective_weight_sync(run)
-    dtype = engine_dtype(run)
-
-    # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
-    checkpoint_names = sync in VLLM_WEIGHT_SYNCS
-
-    gate: Any = None  # the engine-trainer parity gate, once the engine runs
-
-    def push_weights(weights_sync: Any) -> dict[str, float]:
-        """Push the trainer's weights, then check the engine serves them (the parity gate);
-        returns the gate's figures. A failed push or check stops the run here, before the next
-        optimizer step, with the checkpoints kept."""
-        from fineenvs.engine.weights import WeightSyncError
-
-        # The state dict in the engine's dtype: NCCL broadcasts it, reload and the embedded
-        # engine stage it as a safetensors directory. A gather under FSDP: every process joins.
-        weights = lock.call("state_dict", dtype, checkpoint_names)
-        try:
-            weights_sync.push(weights, trainer.policy_version)
-        except WeightSyncError as err:
-            raise RunAborted(
-                f"pushing the weights of version {trainer.policy_version} to the engine failed: {err}"
-            ) from err
-        return check_parity()
-
-    def check_parity() -> dict[str, float]:
-        from fineenvs.engine.parity import ParityError
-
-        if gate is None:
-            return {}
-        try:
-            check = gate.check(trainer.policy_version, lambda seqs: lock.call("sequence_logprobs", seqs))
-        except ParityError as err:
-            raise RunAborted(str(err)) from err
-        print(check.line(), flush=True)
-        stats.parity.append(check.mean_abs_diff)
-        return dict(check.metrics())
-
+    state = loop.rollout_state(plan, resume)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(lock.stop)
-        rt = await stack.enter_async_context(
-            job_runtime(run, out, model_dir=model_dir, probe=Probe.require, check=False)  # checked above
+        await loop.serve(stack, plan, resume)
+        await loop.train(plan, state)
+    return _summary(run, loop.stats, loop.out, started)
+
+
+@dataclass
+class _Plan:
+    """What the run will do, decided before the trainer loads."""
+
+    tasks: list[Task]
+    schedule: list[PlannedGroup]
+    digest: str
+    rows: RowOptions
+    model_dir: Path
+
+
+def _plan(run: RunConfig) -> _Plan:
+    scheduler = run.scheduler
+    tasks = load_run_tasks(run)
+    names = tuple(run.harness)
+    schedule = build_schedule(
+        [task.task_id for task in tasks],
+        HarnessMix(names, tuple(run.harness[n].weight for n in names)),
+        group_size=scheduler.group_size,
+        passes=scheduler.passes,
+        selection=scheduler.harness_selection.value,
+        seed=scheduler.seed,
+    )
+    assert isinstance(run.trainer, GRPOSettings)
+    return _Plan(
+        tasks,
+        schedule,
+        schedule_hash(schedule),
+        row_options(run, run.trainer.token_budget),
+        resolve_model_dir(run),
+    )
+
+
+class _RLLoop:
+    """The main process's side of one RL run: resume, serve (engine, proxy, parity gate), then
+    the step loop with its weight pushes, checkpoints and in-training evaluations."""
+
+    settings: GRPOSettings
+
+    def __init__(
+        self, run: RunConfig, settings: GRPOSettings, trainer: Any, lock: Any, out: Path, started: float
+    ) -> None:
+        self.run, self.settings, self.trainer, self.lock, self.out = run, settings, trainer, lock, out
+        self.started = started
+        self.stats = LoopStats()
+        self.state_path = out / "rollout_state.json"
+        self.ckpt_root = out / "checkpoints"
+        self.sync = effective_weight_sync(run)
+        self.pushing = self.sync is not WeightSyncKind.none
+        self.engine_dtype = engine_dtype(run)
+        # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
+        self.checkpoint_names = self.sync in VLLM_WEIGHT_SYNCS
+        self.gate: Any = None  # the engine-trainer parity gate, once the engine runs
+        self.runtime: JobRuntime | None = None
+        self.logger: MetricLogger | None = None
+        self.start_metrics: dict[str, float] = {}
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def resume_trainer(self) -> Path | None:
+        """Load the newest complete checkpoint into the trainer (every process); its path."""
+        resume = latest_checkpoint(self.ckpt_root)
+        if resume is not None:
+            self.trainer.load_checkpoint(resume)
+            self.stats.steps = self.trainer.global_step
+        return resume
+
+    def rollout_state(self, plan: _Plan, resume: Path | None) -> RolloutState:
+        try:
+            (self.out / "schedule.json").write_text(
+                json.dumps({"hash": plan.digest, "groups": [asdict(g) for g in plan.schedule]})
+            )
+            # The rollout state that goes with the trainer's weights is the checkpoint's copy: groups
+            # trained after the last checkpoint were lost with those updates and may run again.
+            source = resume / "rollout_state.json" if resume else self.state_path
+            state = RolloutState.load_or_new(source, plan.digest)
+        except BaseException:
+            self.lock.stop()  # release the other processes before failing
+            raise
+        if resume is not None:
+            print(
+                f"Resumed from {resume} (step {self.stats.steps}, {len(state.consumed)} groups consumed)",
+                flush=True,
+            )
+        return state
+
+    # -- serve -------------------------------------------------------------------------------
+
+    async def serve(self, stack: contextlib.AsyncExitStack, plan: _Plan, resume: Path | None) -> None:
+        """Engine and proxy up, the parity gate ready, the engine serving the trainer's weights."""
+        run = self.run
+        self.runtime = await stack.enter_async_context(
+            job_runtime(
+                run, self.out, model_dir=plan.model_dir, probe=Probe.require, check=False
+            )  # checked above
         )
-        engine = rt.engine
-        pushing = sync is not WeightSyncKind.none
-        if pushing and engine.weight_sync is None:
+        engine = self.runtime.engine
+        if self.pushing and engine.weight_sync is None:
             raise RunAborted(
-                f"weight sync is {sync.value} but the {engine.kind} engine at {engine.url} has no weight "
+                f"weight sync is {self.sync.value} but the {engine.kind} engine at {engine.url} has no weight "
                 "transport: the trainer's updates would never reach it. Fix: engine.weight_sync=reload (vLLM) "
                 "or http (embedded engine), or engine.weight_sync=none to train without pushing."
             )
-        if run.engine.parity_gate and resume is not None and not pushing:
+        if run.engine.parity_gate and resume is not None and not self.pushing:
             # The fresh engine serves the base model and nothing gives it the checkpoint's weights.
             print(
                 "Parity gate off for this resumed run: engine.weight_sync=none, so the engine serves the "
@@ -372,115 +401,174 @@ async def _run_rl(run: RunConfig) -> float:
                 flush=True,
             )
         elif run.engine.parity_gate:
-            gate = stack.enter_context(contextlib.closing(parity_gate(run, engine, out)))
-            await asyncio.to_thread(gate.prepare, run.sampling.temperature)
-        start_metrics: dict[str, float] = {}
-        if pushing and resume is not None:
+            self.gate = stack.enter_context(contextlib.closing(parity_gate(run, engine, self.out)))
+            await asyncio.to_thread(self.gate.prepare, run.sampling.temperature)
+        if self.pushing and resume is not None:
             # A fresh engine loaded the base model: give it the checkpoint's weights (and check them).
-            start_metrics = await asyncio.to_thread(push_weights, engine.weight_sync)
+            self.start_metrics = await asyncio.to_thread(self.push_weights)
         else:
-            if pushing:
+            if self.pushing:
                 # Label the served weights with the trainer's version, so records carry numbers.
-                await asyncio.to_thread(engine.weight_sync.announce, trainer.policy_version)
-            start_metrics = await asyncio.to_thread(check_parity)
-        logger = stack.enter_context(
-            MetricLogger(run.logger, out, run_name=run.logger.name or run.experiment or "rl", config=run)
+                assert engine.weight_sync is not None  # checked above: pushing needs a transport
+                await asyncio.to_thread(engine.weight_sync.announce, self.trainer.policy_version)
+            self.start_metrics = await asyncio.to_thread(self.check_parity)
+        self.logger = stack.enter_context(
+            MetricLogger(run.logger, self.out, run_name=run.logger.name or run.experiment or "rl", config=run)
         )
-        runner = rt.attempt_runner(tasks, attempts_dir=out / "attempts", row_options=rows)
+
+    def push_weights(self) -> dict[str, float]:
+        """Push the trainer's weights, then check the engine serves them (the parity gate);
+        returns the gate's figures. A failed push or check stops the run here, before the next
+        optimizer step, with the checkpoints kept."""
+        from fineenvs.engine.weights import WeightSyncError
+
+        assert self.runtime is not None and self.runtime.engine.weight_sync is not None
+        version = self.trainer.policy_version
+        # The state dict in the engine's dtype: NCCL broadcasts it, reload and the embedded
+        # engine stage it as a safetensors directory. A gather under FSDP: every process joins.
+        weights = self.lock.call("state_dict", self.engine_dtype, self.checkpoint_names)
+        try:
+            self.runtime.engine.weight_sync.push(weights, version)
+        except WeightSyncError as err:
+            raise RunAborted(f"pushing the weights of version {version} to the engine failed: {err}") from err
+        return self.check_parity()
+
+    def check_parity(self) -> dict[str, float]:
+        from fineenvs.engine.parity import ParityError
+
+        if self.gate is None:
+            return {}
+        try:
+            check = self.gate.check(
+                self.trainer.policy_version, lambda seqs: self.lock.call("sequence_logprobs", seqs)
+            )
+        except ParityError as err:
+            raise RunAborted(str(err)) from err
+        print(check.line(), flush=True)
+        self.stats.parity.append(check.mean_abs_diff)
+        return dict(check.metrics())
+
+    # -- train -------------------------------------------------------------------------------
+
+    async def train(self, plan: _Plan, state: RolloutState) -> None:
+        """Admit finished groups until a batch waits, then step; until max_steps or the schedule ends."""
+        assert self.runtime is not None
+        t, s = self.settings, self.run.scheduler
+        runner = self.runtime.attempt_runner(
+            plan.tasks, attempts_dir=self.out / "attempts", row_options=plan.rows
+        )
         scheduler = RolloutScheduler(
-            schedule,
+            plan.schedule,
             runner,
             max_inflight=s.max_inflight,
-            policy_version=lambda: trainer.policy_version,
+            policy_version=lambda: self.trainer.policy_version,
             skip=set(state.consumed),
         )
         admission = GroupAdmission(
             max_staleness=s.max_staleness,
             rows_per_step=t.per_device_batch_size * t.gradient_accumulation_steps,
             max_consecutive_empty=s.max_consecutive_empty_groups,
-            stats=stats,
+            stats=self.stats,
             state=state,
             drop_no_signal=t.dynamic_sampling,
             max_groups_per_step=t.dynamic_sampling_max_groups if t.dynamic_sampling else None,
             no_signal_patience=t.dynamic_sampling_patience,
         )
-        display = ProgressDisplay(t.max_steps, started)
+        display = ProgressDisplay(t.max_steps, self.started)
         try:
             # aclosing: leaving the loop (max_steps, an error) stops the scheduler right here, while
             # engine and proxy still run, instead of at interpreter shutdown with attempts in flight.
             async with contextlib.aclosing(scheduler.groups()) as finished:
                 async for group in finished:
-                    _write_attempts(out / "attempts.jsonl", group)
-                    batch = admission.offer(group, trainer.policy_version)
+                    _write_attempts(self.out / "attempts.jsonl", group)
+                    batch = admission.offer(group, self.trainer.policy_version)
                     if batch is None:
                         continue
-                    pending = _stamp_rows(batch, t.scale_rewards)
-                    metrics = await asyncio.to_thread(lock.call, "step", pending)
-                    stats.steps = trainer.global_step
-                    stats.rows_trained += len(pending)
-                    stats.last_ratio = metrics.get("train/ratio")
-                    if stats.first_ratio is None:
-                        stats.first_ratio = stats.last_ratio
-                    for g in batch:
-                        state.mark(g.planned.group_id, "trained")
+                    metrics = await self.step(batch, state)
                     pushed_now = False
-                    metrics.update(start_metrics)
-                    start_metrics = {}
-                    if pushing and stats.steps % t.weight_sync_interval == 0:
-                        metrics.update(await asyncio.to_thread(push_weights, engine.weight_sync))
-                        stats.weight_pushes += 1
+                    if self.pushing and self.stats.steps % t.weight_sync_interval == 0:
+                        metrics.update(await asyncio.to_thread(self.push_weights))
+                        self.stats.weight_pushes += 1
                         pushed_now = True
-                    metrics.update(group_metrics(batch))
-                    for h, n in admission.dropped.items():
-                        metrics[metric_key("rollout", "groups_dropped_no_signal", h)] = float(n)
-                    admission.dropped.clear()
-                    metrics.update(
-                        advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch})
-                    )
-                    metrics.update(
-                        {
-                            "rollout/groups_stale_dropped": float(stats.stale_dropped),
-                            "rollout/groups_no_signal": float(stats.no_signal),  # all so far
-                            "rollout/groups_dropped_no_signal": float(stats.dropped_no_signal),
-                            "rollout/steps_cut_short": float(stats.short_steps),
-                            "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
-                            "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
-                            "rollout/groups_empty": float(stats.empty_groups),
-                            "rollout/inflight": float(scheduler.inflight),
-                            "train/policy_version": float(trainer.policy_version),
-                        }
-                    )
-                    logger.log(metrics, step=stats.steps)
-                    display.update(stats, metrics, scheduler.inflight)
-                    if stats.steps % t.save_steps == 0 or stats.steps >= t.max_steps:
-                        ckpt = ckpt_root / f"step-{stats.steps}"
-                        await asyncio.to_thread(lock.call, "save_checkpoint", ckpt)
-                        state.save(ckpt / "rollout_state.json")
-                        (ckpt / "COMPLETE").write_text("ok\n")
-                        state.save(state_path)
-                        if in_training_eval_due(stats.steps, t):
-                            if pushing and not pushed_now:
-                                # The evaluation must see this checkpoint's weights, not the last pushed ones.
-                                parity = await asyncio.to_thread(push_weights, engine.weight_sync)
-                                logger.log(parity, step=stats.steps)
-                                stats.weight_pushes += 1
-                            from fineenvs.jobs.eval import aevaluate_checkpoint
-
-                            await aevaluate_checkpoint(
-                                run,
-                                ckpt,
-                                stats.steps,
-                                engine_url=engine.url,
-                                proxy_url=rt.proxy_url,
-                                served_model=engine.served_model_name,
-                                logger=logger,
-                            )
-                    if stats.steps >= t.max_steps:
+                    metrics.update(self.loop_metrics(batch, admission, scheduler.inflight))
+                    assert self.logger is not None
+                    self.logger.log(metrics, step=self.stats.steps)
+                    display.update(self.stats, metrics, scheduler.inflight)
+                    if self.stats.steps % t.save_steps == 0 or self.stats.steps >= t.max_steps:
+                        await self.checkpoint(state, pushed_now)
+                    if self.stats.steps >= t.max_steps:
                         break
         finally:
             display.close()
-            state.save(state_path)
-    return _summary(run, stats, out, started)
+            state.save(self.state_path)
+
+    async def step(self, batch: list[GroupOutcome], state: RolloutState) -> dict[str, float]:
+        """One optimizer step on the batch's rows; its metrics (with the start's parity figures once)."""
+        stats = self.stats
+        pending = _stamp_rows(batch, self.settings.scale_rewards)
+        metrics: dict[str, float] = await asyncio.to_thread(self.lock.call, "step", pending)
+        stats.steps = self.trainer.global_step
+        stats.rows_trained += len(pending)
+        stats.last_ratio = metrics.get("train/ratio")
+        if stats.first_ratio is None:
+            stats.first_ratio = stats.last_ratio
+        for g in batch:
+            state.mark(g.planned.group_id, "trained")
+        metrics.update(self.start_metrics)
+        self.start_metrics = {}
+        metrics.update(advantage_metrics(pending, {g.planned.group_id: g.planned.harness for g in batch}))
+        return metrics
+
+    def loop_metrics(
+        self, batch: list[GroupOutcome], admission: GroupAdmission, inflight: int
+    ) -> dict[str, float]:
+        stats = self.stats
+        metrics = group_metrics(batch)
+        for h, n in admission.dropped.items():
+            metrics[metric_key("rollout", "groups_dropped_no_signal", h)] = float(n)
+        admission.dropped.clear()
+        metrics.update(
+            {
+                "rollout/groups_stale_dropped": float(stats.stale_dropped),
+                "rollout/groups_no_signal": float(stats.no_signal),  # all so far
+                "rollout/groups_dropped_no_signal": float(stats.dropped_no_signal),
+                "rollout/steps_cut_short": float(stats.short_steps),
+                "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
+                "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
+                "rollout/groups_empty": float(stats.empty_groups),
+                "rollout/inflight": float(inflight),
+                "train/policy_version": float(self.trainer.policy_version),
+            }
+        )
+        return metrics
+
+    async def checkpoint(self, state: RolloutState, pushed_now: bool) -> None:
+        """Save the trainer and the rollout state that goes with it; evaluate when due."""
+        steps = self.stats.steps
+        ckpt = self.ckpt_root / f"step-{steps}"
+        await asyncio.to_thread(self.lock.call, "save_checkpoint", ckpt)
+        state.save(ckpt / "rollout_state.json")
+        (ckpt / "COMPLETE").write_text("ok\n")
+        state.save(self.state_path)
+        if not in_training_eval_due(steps, self.settings):
+            return
+        assert self.runtime is not None and self.logger is not None
+        if self.pushing and not pushed_now:
+            # The evaluation must see this checkpoint's weights, not the last pushed ones.
+            self.logger.log(await asyncio.to_thread(self.push_weights), step=steps)
+            self.stats.weight_pushes += 1
+        from fineenvs.jobs.eval import aevaluate_checkpoint
+
+        engine = self.runtime.engine
+        await aevaluate_checkpoint(
+            self.run,
+            ckpt,
+            steps,
+            engine_url=engine.url,
+            proxy_url=self.runtime.proxy_url,
+            served_model=engine.served_model_name,
+            logger=self.logger,
+        )
 
 
 def parity_gate(run: RunConfig, engine: Any, out: Path) -> Any:

@@ -21,13 +21,18 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fineenvs.config import RunConfig
 from fineenvs.jobs.builders import attempt_settings, reward_function, start_engine, start_proxy
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.trajectory import RowOptions
+
+if TYPE_CHECKING:
+    from fineenvs.engine.handle import EngineHandle
+    from fineenvs.engine.probe import ProbeReport
+    from fineenvs.tasks.model import Task
 
 
 class Probe(enum.Enum):
@@ -59,16 +64,15 @@ class JobRuntime:
     """The running engine and proxy of one job; ``attempt_runner`` builds runners against them."""
 
     run: RunConfig
-    engine: Any
-    """``EngineHandle``: ``url``, ``kind``, ``served_model_name``, ``weight_sync``."""
+    engine: EngineHandle
     proxy_url: str
-    probe: Any
-    """The engine's ``ProbeReport`` (None when skipped or failed)."""
+    probe: ProbeReport | None
+    """None when the probe was skipped or failed."""
     _stack: AsyncExitStack
 
     def attempt_runner(
         self,
-        tasks: list[Any],
+        tasks: list[Task],
         *,
         attempts_dir: Path,
         row_options: RowOptions,
@@ -90,7 +94,7 @@ class JobRuntime:
 
 def attempt_runner(
     run: RunConfig,
-    tasks: list[Any],
+    tasks: list[Task],
     *,
     proxy_url: str,
     served_model: str,

@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import EngineKind, ModelSource, RunConfig, SFTSpec
+from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import resolve_model_dir
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.teacher import TEACHER_MANIFEST
 from fineenvs.metrics import write_summary
+from fineenvs.train.sft_config import SFTSettings
 
 
 def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
@@ -51,7 +52,7 @@ def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]
     return sessions, manifest
 
 
-def select_rollouts(sessions: list[Any], t: SFTSpec) -> list[Any]:
+def select_rollouts(sessions: list[Any], t: SFTSettings) -> list[Any]:
     """The sessions trained on: ``t.rollout_slices`` of each harness's, then ``t.max_rollouts_per_harness``.
 
     Both count in task-id order per harness, so a slice names the same rollouts however the
@@ -111,13 +112,7 @@ def _eos_ids(model_dir: Path) -> list[int]:
 
 def run_sft(run: RunConfig) -> float | None:
     t = run.trainer
-    if not isinstance(t, SFTSpec):
-        raise RunAborted("job=sft needs trainer=sft")
-    if not t.teacher_dir:
-        raise RunAborted(
-            "trainer.teacher_dir is unset: job=sft trains on the kept sessions of a teacher collection. "
-            "Fix: trainer.teacher_dir=<output dir of +experiment=collect_teacher>"
-        )
+    assert isinstance(t, SFTSettings) and t.teacher_dir, "validate() requires trainer=sft and a teacher_dir"
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -127,7 +122,6 @@ def run_sft(run: RunConfig) -> float | None:
 
     from fineenvs.metrics import MetricLogger
     from fineenvs.train.sft_trainer import (
-        SFTSettings,
         StudentRenderer,
         build_sft_examples,
         merge_turns,
@@ -177,20 +171,6 @@ def run_sft(run: RunConfig) -> float | None:
         f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
         flush=True,
     )
-    settings = SFTSettings(
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler_type,
-        warmup_steps=t.warmup_steps,
-        num_train_epochs=t.num_train_epochs,
-        max_steps=t.max_steps,
-        per_device_batch_size=t.per_device_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        max_length=t.max_length,
-        save_steps=t.save_steps,
-        dtype=t.dtype,
-        gradient_checkpointing=t.gradient_checkpointing,
-        seed=run.seed,
-    )
     losses: list[float] = []
     with MetricLogger(
         run.logger, out, run_name=run.logger.name or run.experiment or "sft", config=run
@@ -201,7 +181,7 @@ def run_sft(run: RunConfig) -> float | None:
                 losses.append(metrics["train/loss"])
             logger.log(metrics, step=step)
 
-        result = train_sft(model_dir, examples, settings, out, on_log=on_log)
+        result = train_sft(model_dir, examples, t, out, on_log=on_log)
     summary = {
         "examples": len(examples),
         "teacher_rollouts": sum(stats.sessions.values()),

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fineenvs.config import RunConfig, SFTSpec
+from fineenvs.config import RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
@@ -32,6 +32,7 @@ from fineenvs.jsonl import append_jsonl, read_jsonl
 from fineenvs.metrics import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
+from fineenvs.train.sft_config import SFTSettings
 
 TEACHER_MANIFEST = "teacher_manifest.json"
 PAIRS_LOG = "teacher_pairs.jsonl"
@@ -251,13 +252,7 @@ def run_collect_teacher(run: RunConfig) -> float:
 
 async def _collect_teacher(run: RunConfig) -> float:
     t, s = run.trainer, run.scheduler
-    if not isinstance(t, SFTSpec):
-        raise RunAborted("job=collect_teacher reads trainer.teacher_attempts_per_task: use trainer=sft")
-    if "correctness" not in run.reward.terms:
-        raise RunAborted(
-            "job=collect_teacher keeps the first *correct* attempt, so reward.terms needs correctness. "
-            "Fix: reward=correctness"
-        )
+    assert isinstance(t, SFTSettings) and "correctness" in run.reward.terms, "validate() requires both"
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     tasks = load_run_tasks(run)

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.record import CallRecord, calls_to_nodes
 
 RERENDER_REASON = (
@@ -328,24 +329,6 @@ def read_examples(path: Path) -> list[SFTExample]:
 # --------------------------------------------------------------------------- training
 
 
-@dataclass(frozen=True)
-class SFTSettings:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    num_train_epochs: float = 2.0
-    max_steps: int = -1
-    per_device_batch_size: int = 1
-    gradient_accumulation_steps: int = 8
-    max_length: int = 40960
-    save_steps: int = 50
-    dtype: str = "bfloat16"
-    """Compute dtype on an accelerator (mixed precision over float32 master weights: bf16 weights
-    would round away updates of LR 3e-6); on CPU everything is float32."""
-    gradient_checkpointing: bool = True
-    seed: int = 0
-
-
 @dataclass
 class SFTResult:
     checkpoint: Path
@@ -353,9 +336,6 @@ class SFTResult:
     train_loss: float
     examples: int
     metrics: dict[str, float]
-
-
-_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def train_sft(
@@ -383,8 +363,7 @@ def train_sft(
             "no SFT examples: the teacher collection kept no usable turn for the selected harnesses. Check "
             "the teacher summary (kept rollouts per harness) and that run.harness names harnesses it ran."
         )
-    if settings.dtype not in _DTYPES:
-        raise ValueError(f"trainer.dtype={settings.dtype!r} is not one of {_DTYPES}")
+    settings.check()
     for e in examples:
         if len(e.input_ids) != len(e.assistant_masks) or 1 not in e.assistant_masks:
             raise SFTDataError(

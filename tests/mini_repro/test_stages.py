@@ -17,7 +17,7 @@ from fineenvs.config import (
     Job,
     ModelSource,
     RunConfig,
-    SFTSpec,
+    SFTSettings,
     to_run_config,
 )
 from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table
@@ -50,7 +50,7 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert teacher[0].tasks.limit is None and teacher[1].tasks.limit == 48  # 24 for sft_mix + 24 for the base
     assert teacher[0].tasks.name == "mini" and teacher[0].tasks.split == "train"
     (b,) = runs["base"]
-    assert b.job is Job.sft and isinstance(b.trainer, SFTSpec) and b.model.source is ModelSource.tiny
+    assert b.job is Job.sft and isinstance(b.trainer, SFTSettings) and b.model.source is ModelSource.tiny
     # The base's data: every Pi rollout and the few of each other harness (base_sees_mix) but the
     # first 24 of the other harnesses, which are sft_mix's; one example per rollout, in the student
     # the recipe is sized for, agents in the bwrap sandbox.
@@ -149,8 +149,8 @@ def test_the_recipes_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytes
     )
     mini_repro.run_mini_repro(run)
     assert extras == [["seed=3", "sampling.temperature=0.5"]]
-    with pytest.raises(ValueError, match=r"mini_repro.overrides has \['seed=5'\].*Fix: seed=<n>"):
-        mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "mini_repro.overrides=['seed=5']"))
+    with pytest.raises(ConfigError, match=r"mini_repro.overrides has \['seed=5'\].*Fix: seed=<n>"):
+        _load(f"output_dir={tmp_path}", "mini_repro.overrides=['seed=5']")
 
 
 def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_path: Path) -> None:
@@ -175,20 +175,18 @@ def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_
 
 
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
-    from fineenvs.jobs.mini_repro import run_mini_repro
-
-    run = _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
-    with pytest.raises(ValueError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
-        run_mini_repro(run)
-    run = _load(
-        f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24", "mini_repro.hold_out_base_harness=true"
-    )
-    with pytest.raises(ValueError, match="teacher_tasks=24 leaves the base no pi rollouts.*Fix"):
-        run_mini_repro(run)
-    run = _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=12")
-    with pytest.raises(ValueError, match="teacher_tasks=12 is below sft_mix_tasks=24.*Fix"):
-        run_mini_repro(run)
-    assert not (tmp_path / "teacher").exists()  # refused before any stage ran
+    """Bad knobs fail at compose time (``dry_run=true`` shows them), before any stage runs."""
+    with pytest.raises(ConfigError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
+        _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
+    with pytest.raises(ConfigError, match="teacher_tasks=24 leaves the base no pi rollouts.*Fix"):
+        _load(
+            f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24", "mini_repro.hold_out_base_harness=true"
+        )
+    with pytest.raises(ConfigError, match="teacher_tasks=12 is below sft_mix_tasks=24.*Fix"):
+        _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=12")
+    with pytest.raises(ConfigError, match=r"stages has \['tune'\]; choose from"):
+        _load(f"output_dir={tmp_path}", "mini_repro.stages=[teacher,tune]")
+    assert not (tmp_path / "teacher").exists()
 
 
 def test_wilson_interval_and_table(tmp_path: Path) -> None:

@@ -176,18 +176,25 @@ def test_manifest_lists_kept_sessions_and_summary(tmp_path: Path) -> None:
 def test_sft_job_needs_a_teacher_dir(tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from fineenvs.config import to_run_config
+    from fineenvs.config import ConfigError, to_run_config
     from fineenvs.jobs.errors import RunAborted
     from fineenvs.jobs.sft import run_sft
     from fineenvs.paths import REPO_ROOT
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=["+experiment=sft_opencode", f"output_dir={tmp_path}"])
-    run = to_run_config(cfg)
-    assert run.trainer.teacher_dir is None and list(run.harness) == ["opencode"]
-    with pytest.raises(RunAborted, match=r"trainer.teacher_dir=<output dir"):
-        run_sft(run)
-    run.trainer.teacher_dir = str(tmp_path / "nowhere")
+        given = compose(
+            "config",
+            overrides=[
+                "+experiment=sft_opencode",
+                f"output_dir={tmp_path}",
+                f"trainer.teacher_dir={tmp_path / 'nowhere'}",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"trainer.teacher_dir=<output dir"):
+        to_run_config(cfg)  # at compose time: dry_run=true shows it
+    run = to_run_config(given)
+    assert list(run.harness) == ["opencode"]
     with pytest.raises(RunAborted, match="collect_teacher"):
         run_sft(run)
 

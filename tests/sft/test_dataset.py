@@ -159,7 +159,14 @@ def test_student_is_rendered_with_its_serving_template() -> None:
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
         multi = to_run_config(
-            compose("config", overrides=["+experiment=sft_multi", "output_dir=/tmp/unused"])
+            compose(
+                "config",
+                overrides=[
+                    "+experiment=sft_multi",
+                    "output_dir=/tmp/unused",
+                    "trainer.teacher_dir=/tmp/unused",
+                ],
+            )
         )
         tiny = to_run_config(
             compose(
@@ -169,6 +176,7 @@ def test_student_is_rendered_with_its_serving_template() -> None:
                     "model=tiny_lfm2",
                     "engine=transformers",
                     "output_dir=/tmp/unused",
+                    "trainer.teacher_dir=/tmp/unused",
                 ],
             )
         )

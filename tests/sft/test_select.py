@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from fineenvs.config import SFTSpec
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.sft import select_rollouts
+from fineenvs.train.sft_config import SFTSettings
 
 
 @dataclass
@@ -31,15 +31,17 @@ def _ids(sessions: list[_Session], harness: str) -> list[int]:
 
 def test_slices_count_in_task_order_per_harness_and_split_a_collection() -> None:
     sessions = _collection()
-    assert select_rollouts(sessions, SFTSpec()) is sessions
-    base = select_rollouts(sessions, SFTSpec(rollout_slices={"pi": [0, 8], "opencode": [0, 3]}))
-    rest = select_rollouts(sessions, SFTSpec(rollout_slices={"pi": [8, 10], "opencode": [3, 6]}))
+    assert select_rollouts(sessions, SFTSettings()) is sessions
+    base = select_rollouts(sessions, SFTSettings(rollout_slices={"pi": [0, 8], "opencode": [0, 3]}))
+    rest = select_rollouts(sessions, SFTSettings(rollout_slices={"pi": [8, 10], "opencode": [3, 6]}))
     assert _ids(base, "pi") == list(range(8)) and _ids(base, "opencode") == [0, 1, 2]
     assert _ids(rest, "pi") == [8, 9] and _ids(rest, "opencode") == [3, 4, 5]
-    tail = select_rollouts(sessions, SFTSpec(rollout_slices={"pi": [7]}))  # [start]: to the end
+    tail = select_rollouts(sessions, SFTSettings(rollout_slices={"pi": [7]}))  # [start]: to the end
     assert _ids(tail, "pi") == [7, 8, 9] and _ids(tail, "opencode") == list(range(6))
     # A harness not named keeps all; the cap applies after the slice.
-    capped = select_rollouts(sessions, SFTSpec(rollout_slices={"pi": [4, 10]}, max_rollouts_per_harness=3))
+    capped = select_rollouts(
+        sessions, SFTSettings(rollout_slices={"pi": [4, 10]}, max_rollouts_per_harness=3)
+    )
     assert _ids(capped, "pi") == [4, 5, 6] and _ids(capped, "opencode") == [0, 1, 2]
 
 
@@ -48,8 +50,8 @@ def test_a_slice_past_the_collection_is_refused_with_the_fix() -> None:
     with pytest.raises(
         RunAborted, match=r"opencode rollouts up to #12, but the collection .* kept 6.*tasks.limit=12"
     ):
-        select_rollouts(sessions, SFTSpec(rollout_slices={"opencode": [6, 12]}))
+        select_rollouts(sessions, SFTSettings(rollout_slices={"opencode": [6, 12]}))
     with pytest.raises(RunAborted, match="kept 0"):
-        select_rollouts(sessions, SFTSpec(rollout_slices={"mini_swe_agent": [0, 1]}))
+        select_rollouts(sessions, SFTSettings(rollout_slices={"mini_swe_agent": [0, 1]}))
     with pytest.raises(RunAborted, match="up to #11, but .* kept 10"):
-        select_rollouts(sessions, SFTSpec(rollout_slices={"pi": [10]}))
+        select_rollouts(sessions, SFTSettings(rollout_slices={"pi": [10]}))

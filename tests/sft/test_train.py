@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fineenvs.models import ensure_tiny_model
-from fineenvs.train.sft_trainer import SFTExample, SFTSettings, StudentRenderer, train_sft
+from fineenvs.train.sft_config import SFTSettings
+from fineenvs.train.sft_trainer import SFTExample, StudentRenderer, train_sft
 from tests.sft.sessions import SYSTEM, TOOL_RESULT, TOOLS, TURN1, TURN2, USER
 
 
