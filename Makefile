@@ -59,8 +59,8 @@ test-learning: setup
 	$(PYTEST) -q -m learning
 
 check: setup
-	$(VENV)/bin/ruff check fineenvs tests
-	$(VENV)/bin/ruff format --check fineenvs tests
+	$(VENV)/bin/ruff check fineenvs benchmarks tests scripts
+	$(VENV)/bin/ruff format --check fineenvs benchmarks tests scripts
 	$(VENV)/bin/mypy
 	$(DOCS)
 
@@ -70,7 +70,7 @@ docs: setup
 	$(DOCS)
 
 bench: setup
-	$(PY) -m fineenvs.bench engine
-	$(PY) -m fineenvs.bench proxy
-	$(PY) -m fineenvs.bench tree
-	$(PY) -m fineenvs.bench agent-start
+	$(PY) -m benchmarks engine
+	$(PY) -m benchmarks proxy
+	$(PY) -m benchmarks tree
+	$(PY) -m benchmarks agent-start

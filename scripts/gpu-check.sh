@@ -22,7 +22,7 @@ export FINEENVS_CACHE="${FINEENVS_CACHE:-/tmp/fineenvs-cache}"
 nvidia-smi -L || true
 "$PY" -c "import torch, transformers, trl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| transformers', transformers.__version__, '| trl', trl.__version__)" || exit 2
 mkdir -p "${OUT:-/tmp}"
-timeout 420 "$PY" -m fineenvs.bench gpu --device cuda --steps 3 --out "${OUT:-/tmp}/gpu-check.json"
+timeout 420 "$PY" -m benchmarks gpu --device cuda --steps 3 --out "${OUT:-/tmp}/gpu-check.json"
 rc=$?
 echo "gpu-check: bench exit $rc"
 exit $rc

@@ -29,7 +29,6 @@ LIBRARY = REPO / "fineenvs"
 # Paths under fineenvs/ that are scaffolding: benchmarks, tiny-model builders and their corpus,
 # the mini-reproduction recipe and its scripted teacher.
 SCAFFOLDING = (
-    "bench/",
     "models/tiny.py",
     "models/agent_corpus.py",
     "models/corpus.py",
@@ -123,7 +122,7 @@ def _section_schemas() -> dict[str, type]:
                 sections[f"{f.name}:{arg.__name__}"] = arg
     # Sections holding one of several schemas (``trainer``: GRPO or SFT) name them in a Union; where
     # a section is typed ``Any`` its group's schemas are found by their registered names.
-    for cls_name in ("GRPOSettings", "SFTSpec"):
+    for cls_name in ("GRPOSettings", "SFTSettings"):
         cls = getattr(config, cls_name, None)
         if cls is not None:
             sections.setdefault(f"trainer:{cls.__name__}", cls)

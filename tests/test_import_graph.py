@@ -134,3 +134,45 @@ def test_the_checker_sees_lazy_type_checking_and_relative_imports(tmp_path: Path
     assert graph["fineenvs.sub.b"] == {"fineenvs.c"}
     assert cycles(graph) == [["fineenvs.a", "fineenvs.c", "fineenvs.sub.b"]]
     assert _path(graph, cycles(graph)[0]) == "fineenvs.a -> fineenvs.sub.b -> fineenvs.c -> fineenvs.a"
+
+
+SCAFFOLDING = ("benchmarks", "tests", "experiments", "scripts", "docs")
+"""Top-level folders that may import the library and that the library never imports: each can be
+deleted without touching ``fineenvs/``."""
+
+
+def scaffolding_imports(package: Path = PACKAGE) -> list[str]:
+    """``module -> import`` for every import of a scaffolding folder inside ``package``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{_module_name(path, package.parent)} -> {name}"
+                for name in names
+                if name.split(".")[0] in SCAFFOLDING
+            ]
+    return found
+
+
+def test_the_library_never_imports_its_scaffolding() -> None:
+    found = scaffolding_imports()
+    assert not found, (
+        "fineenvs/ imports scaffolding (benchmarks, tests, experiments, scripts), which must stay "
+        "deletable: move what the library needs into fineenvs/, or invert the dependency:\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_scaffolding_check_sees_a_lazy_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "fineenvs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from benchmarks.common import free_port\n    import tests.x\n")
+    assert scaffolding_imports(pkg) == ["fineenvs.a -> benchmarks.common", "fineenvs.a -> tests.x"]

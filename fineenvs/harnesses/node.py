@@ -8,7 +8,7 @@ themselves (``node-<os>-<arch>``, the package the official ``node`` package inst
 
 Why the compile cache: a headless agent is one fresh Node process per attempt, and most of its
 start is compiling the agent's JavaScript. Pi 0.73 spends ~3 s of CPU per start doing that on
-Node 20, more than a tiny model spends on the attempt's model calls (``python -m fineenvs.bench
+Node 20, more than a tiny model spends on the attempt's model calls (``python -m benchmarks
 agent-start`` measures it). Each npm agent gets its own cache folder inside its
 install folder, warmed once after install by starting the agent (``Harness.warm_argv``) outside any
 sandbox. Attempts read it; inside the bwrap sandbox it is read-only (the root is bound read-only),

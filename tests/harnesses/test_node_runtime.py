@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 def test_agent_start_benchmark_prints_every_setup_against_the_system_node() -> None:
     problems = check_installed(["pi"])
     assert not problems, "; ".join(problems)
-    cmd = [sys.executable, "-m", "fineenvs.bench", "agent-start", "--harness", "pi", "--repeats", "1"]
+    cmd = [sys.executable, "-m", "benchmarks", "agent-start", "--harness", "pi", "--repeats", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in done.stdout.splitlines()[2:]}

@@ -26,7 +26,7 @@ import pytest
 from processes import stop, wait_ok
 from tokenizers import Tokenizer
 
-from fineenvs.bench.common import RawConn, free_port
+from benchmarks.common import RawConn, free_port
 from fineenvs.models import ensure_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -382,7 +382,7 @@ def test_sigkill_mid_run_loses_no_acknowledged_call(tmp_path: Path) -> None:
     from fineenvs.proxy.store import CallStore
 
     engine_port, proxy_port = free_port(), free_port()
-    standin = subprocess.Popen([PY, "-m", "fineenvs.bench.servers", "standin", "--port", str(engine_port)])
+    standin = subprocess.Popen([PY, "-m", "benchmarks.servers", "standin", "--port", str(engine_port)])
     store = tmp_path / "store"
     proxy = _start_proxy(engine_port, proxy_port, store, "--max-model-calls", "100000")
     acked: dict[str, set[str]] = {}

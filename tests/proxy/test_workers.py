@@ -20,7 +20,7 @@ import openai
 import pytest
 from processes import stop, wait_ok
 
-from fineenvs.bench.common import SAMPLED, child_pids, free_port, free_ports
+from benchmarks.common import SAMPLED, child_pids, free_port, free_ports
 from fineenvs.proxy.sessions import shard_of
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.proxy.workers import settings_from_json, settings_to_json
@@ -57,7 +57,7 @@ def test_workers_setting_is_validated() -> None:
 @pytest.fixture
 def standin() -> Iterator[int]:
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "fineenvs.bench.servers", "standin", "--port", str(port)])
+    proc = subprocess.Popen([PY, "-m", "benchmarks.servers", "standin", "--port", str(port)])
     try:
         wait_ok(f"http://127.0.0.1:{port}/health")
         yield port
@@ -208,7 +208,7 @@ def _state(pid: int) -> str:
 def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [PY, "-m", "fineenvs.bench", "proxy", "--workers", "2", "--sessions", "60", "--memory-sessions", "8",
+        [PY, "-m", "benchmarks", "proxy", "--workers", "2", "--sessions", "60", "--memory-sessions", "8",
          "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

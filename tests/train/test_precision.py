@@ -86,13 +86,13 @@ def test_float16_is_refused_with_the_fix() -> None:
 
 @pytest.mark.slow
 def test_the_prepared_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
-    """``scripts/gpu-check.sh`` runs ``fineenvs.bench gpu``; its CPU mode keeps it from rotting."""
+    """``scripts/gpu-check.sh`` runs ``benchmarks gpu``; its CPU mode keeps it from rotting."""
     import json
     import subprocess
     import sys
 
     out = tmp_path / "gpu.json"
-    cmd = [sys.executable, "-m", "fineenvs.bench", "gpu", "--device", "cpu", "--quick", "--dtype", "bfloat16"]
+    cmd = [sys.executable, "-m", "benchmarks", "gpu", "--device", "cpu", "--quick", "--dtype", "bfloat16"]
     done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())

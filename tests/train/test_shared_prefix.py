@@ -2,7 +2,7 @@
 
 Rows come from the harness sessions the proxy recorded (``tests/trajectory/recorded``: real system
 prompts and tool results in the tiny tokenizer's ids), continued into attempts with real branch
-structure by the trajectory code (``fineenvs.bench.trainer``): Claude Code re-renders its previous
+structure by the trajectory code (``benchmarks.trainer``): Claude Code re-renders its previous
 reply in every prompt, so each call forks the graph and an attempt has one row per call, its
 history shared by the later rows, trained (mask 1) in one row and context in the next; attempts
 of a group share the prompt. The synthetic group of 8 shares a prompt, and each attempt forks
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fineenvs.bench.trainer import group_rows, load_recorded, synthetic_group
+from benchmarks.trainer import group_rows, load_recorded, synthetic_group
 from fineenvs.train.grpo import CapturedGRPOTrainer
 from fineenvs.train.prefix_tree import build_tree
 from fineenvs.train.shared import layer_kinds

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from traj_factory import end
 
-from fineenvs.bench.tree import all_pairs_parents
+from benchmarks.tree import all_pairs_parents
 from fineenvs.trajectory import (
     CallNode,
     RowOptions,

@@ -1,4 +1,4 @@
-"""Benchmark of the trajectory graph: ``python -m fineenvs.bench.tree`` (or ``fineenvs.bench tree``).
+"""Benchmark of the trajectory graph: ``python -m benchmarks.tree`` (or ``benchmarks tree``).
 
 Builds graphs for synthetic sessions (agent chains of tool turns, retries, subagents, re-rendered
 turns, compaction when a prompt would pass ``--max-prompt`` tokens) and prints:
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fineenvs.bench.tree", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tree", description=__doc__.split("\n\n")[0])
     p.add_argument("--max-calls", type=int, default=10_000, help="largest session (10, 100, ... up to this)")
     p.add_argument("--max-prompt", type=int, default=32768, help="prompt length at which a chain compacts")
     p.add_argument("--baseline-max-calls", type=int, default=300, help="largest session for all-pairs")

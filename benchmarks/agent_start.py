@@ -1,4 +1,4 @@
-"""Benchmark of an npm agent's start: ``python -m fineenvs.bench agent-start [--harness pi ...]``.
+"""Benchmark of an npm agent's start: ``python -m benchmarks agent-start [--harness pi ...]``.
 
 A headless attempt is one fresh agent process, so its start is paid once per attempt; for Pi it
 is most of what an attempt of the learning test costs. For each agent, the start that fills its
@@ -77,7 +77,7 @@ def measure(h: Harness, repeats: int) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fineenvs.bench agent-start", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks agent-start", description=__doc__)
     parser.add_argument("--harness", action="append", help="npm agent(s) to start (default: pi)")
     parser.add_argument("--repeats", type=int, default=7, help="starts per set-up (default 7)")
     args = parser.parse_args(argv)

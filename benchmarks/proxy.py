@@ -1,9 +1,9 @@
-"""``python -m fineenvs.bench proxy`` (or ``python -m fineenvs.bench.proxy``): the capture proxy's costs.
+"""``python -m benchmarks proxy`` (or ``python -m benchmarks.proxy``): the capture proxy's costs.
 
 One run, loopback only, bounded in count and time, against an instant engine stand-in in its own
-process (``fineenvs.bench.servers``). The proxy runs as its real command
+process (``benchmarks.servers``). The proxy runs as its real command
 (``python -m fineenvs.proxy serve``) in its own process; the load generator is the minimal raw
-HTTP/1.1 client of ``fineenvs.bench.common``, so that it costs little CPU next to what it measures.
+HTTP/1.1 client of ``benchmarks.common``, so that it costs little CPU next to what it measures.
 
 Figures:
 - latency p50/p99, direct to the stand-in vs through the proxy, for small chat requests and for
@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from fineenvs.bench.common import (
+from benchmarks.common import (
     HOST,
     RawConn,
     as_engine_body,
@@ -54,7 +54,7 @@ from fineenvs.bench.common import (
     small_chat,
     wait_http,
 )
-from fineenvs.bench.servers import HealthPoller
+from benchmarks.servers import HealthPoller
 
 
 @dataclass
@@ -132,7 +132,7 @@ async def _start_stack(stack: Stack, *, fsync: bool, workers: int, engine_delay_
             [
                 sys.executable,
                 "-m",
-                "fineenvs.bench.servers",
+                "benchmarks.servers",
                 "standin",
                 "--port",
                 str(stack.standin_port),
@@ -338,7 +338,7 @@ async def capacity(
             [
                 sys.executable,
                 "-m",
-                "fineenvs.bench.servers",
+                "benchmarks.servers",
                 "relay",
                 "--port",
                 str(relay_port),
@@ -561,7 +561,7 @@ def _memory_lines(results: dict[str, Any], args: argparse.Namespace) -> list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fineenvs.bench proxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks proxy", description=__doc__)
     parser.add_argument("--full", action="store_true", help="more calls per phase (several minutes)")
     parser.add_argument("--no-fsync", action="store_true", help="run the proxy without fsync")
     parser.add_argument("--sessions", type=int, default=1000)

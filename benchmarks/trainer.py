@@ -1,6 +1,6 @@
-"""Benchmark of one GRPO optimizer step, padded against prefix-shared: ``python -m fineenvs.bench trainer``.
+"""Benchmark of one GRPO optimizer step, padded against prefix-shared: ``python -m benchmarks trainer``.
 
-``python -m fineenvs.bench trainer [--models tiny_qwen,tiny_lfm2,tiny_qwen3_5]
+``python -m benchmarks trainer [--models tiny_qwen,tiny_lfm2,tiny_qwen3_5]
 [--cases claude_code,opencode,codex,mini_swe_agent,synthetic] [--runs 3] [--max-prompt-tokens 2048]``
 
 Rows. Each case is one GRPO group whose attempts open with a prompt recorded from a real harness
@@ -57,7 +57,7 @@ import orjson
 from fineenvs.train.train_rows import TrainRow
 from fineenvs.trajectory import CallNode, RowOptions, build_session
 
-RECORDED_DIR = Path(__file__).resolve().parents[2] / "tests" / "trajectory" / "recorded"
+RECORDED_DIR = Path(__file__).resolve().parents[1] / "tests" / "trajectory" / "recorded"
 HARNESS_CASES = ("claude_code", "opencode", "codex", "mini_swe_agent")
 CASES = (*HARNESS_CASES, "synthetic")
 MODELS = ("tiny_qwen", "tiny_lfm2", "tiny_qwen3_5")
@@ -308,7 +308,7 @@ def measure(
 
 
 def _run_worker(args: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "fineenvs.bench.trainer", "--worker", *args]
+    cmd = [sys.executable, "-m", "benchmarks.trainer", "--worker", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -318,7 +318,7 @@ def _run_worker(args: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fineenvs.bench trainer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks trainer", description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--runs", type=int, default=3)

@@ -1,7 +1,7 @@
 """Benchmark of the engines: the embedded engine's throughput and prefix cache, and the embedded
 engine against real vLLM (its CPU build) in the same run.
 
-``python -m fineenvs.bench.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]
+``python -m benchmarks.engine [--models tiny_qwen,...] [--batch-sizes 1,8] [--max-tokens 16] [--runs 3]
 [--sections throughput,session,vllm] [--session-lengths 2000:20000:500] [--compare-every 6]
 [--vllm-model tiny_agent] [--vllm-session-lengths 2000:12000:1000]``
 
@@ -192,7 +192,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fineenvs.bench.engine", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__)
     parser.add_argument("--models", default="tiny_qwen,tiny_lfm2,tiny_qwen3_5")
     parser.add_argument(
         "--sections", default="throughput,session,vllm", help="throughput, session, vllm, comma-separated"

@@ -3,9 +3,9 @@
 Each runs in its own process, so the load generator's busy event loop never slows what it serves
 or inflates what it measures::
 
-    python -m fineenvs.bench.servers standin --port P [--delay-ms D]
-    python -m fineenvs.bench.servers relay --port P --upstream U
-    python -m fineenvs.bench.servers poll-health --port P      # until stdin closes
+    python -m benchmarks.servers standin --port P [--delay-ms D]
+    python -m benchmarks.servers relay --port P --upstream U
+    python -m benchmarks.servers poll-health --port P      # until stdin closes
 
 The stand-in answers every chat completion with a canned, vLLM-shaped reply whose
 ``prompt_token_ids`` derive from the request bytes, so prompts grow and share prefixes like a real
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from fineenvs.bench.common import HOST, SAMPLED, VOCAB
+from benchmarks.common import HOST, SAMPLED, VOCAB
 
 
 def _standin_reply(body: bytes) -> bytes:
@@ -183,7 +183,7 @@ def poll_health(port: int, interval: float = 0.02) -> None:
 class HealthPoller:
     def __init__(self, port: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fineenvs.bench.servers", "poll-health", "--port", str(port)],
+            [sys.executable, "-m", "benchmarks.servers", "poll-health", "--port", str(port)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_health(int(argv[argv.index("--port") + 1]))
         return 0
     print(
-        "usage: python -m fineenvs.bench.servers {standin --port P [--delay-ms D] | relay --port P "
+        "usage: python -m benchmarks.servers {standin --port P [--delay-ms D] | relay --port P "
         "--upstream U | poll-health --port P}",
         file=sys.stderr,
     )

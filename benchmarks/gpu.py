@@ -1,7 +1,7 @@
 """The prepared GPU check: GRPO steps on CUDA under bf16 autocast, rows sampled by the embedded
 engine on CUDA, for the three tiny models and one real-size configuration.
 
-``python -m fineenvs.bench gpu [--device cuda] [--quick] [--no-real]`` (``scripts/gpu-check.sh``
+``python -m benchmarks gpu [--device cuda] [--quick] [--no-real]`` (``scripts/gpu-check.sh``
 runs it on a lent GPU machine). Per model it prints: engine tokens/s while sampling the rows, the
 median optimizer-step time over ``--steps`` steps, trained tokens/s, peak memory (CUDA allocator,
 or the process RSS on CPU) with bytes per parameter, and ``train/ratio`` of the first step, which
@@ -192,7 +192,7 @@ def check_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fineenvs.bench gpu", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gpu", description=__doc__)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small rows and tiny models only (CPU, tests)")
     parser.add_argument("--no-real", action="store_true", help="skip the real-size configuration")
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(
-            "fineenvs bench gpu: --device cuda but torch sees no GPU (use --device cpu --quick)",
+            "benchmarks gpu: --device cuda but torch sees no GPU (use --device cpu --quick)",
             file=sys.stderr,
         )
         return 3
