@@ -6,7 +6,7 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check docs bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check docs house bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
 	@echo "make check        ruff + mypy + the docs build"
 	@echo "make docs         the docs site (mkdocs, warnings are errors) into .site/"
+	@echo "make house        the house's measures against their targets (scripts/house.py)"
 	@echo "make bench        engine, proxy and tree benchmarks"
 
 setup:
@@ -68,6 +69,11 @@ check: setup
 DOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .site
 docs: setup
 	$(DOCS)
+
+# How the house stands (issue 33's measures): library vs scaffolding, homes per setting, duplicates,
+# Any, long functions, README size, run history in docs, config errors outside validation.
+house: setup
+	$(PY) scripts/house.py
 
 bench: setup
 	$(PY) -m benchmarks engine

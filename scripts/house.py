@@ -272,11 +272,8 @@ def readme_size() -> Measure:
 def _docstrings_and_comments(path: Path) -> Iterator[tuple[int, str]]:
     text = path.read_text()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=False)
-            if doc:
-                yield getattr(node, "lineno", 1), doc
-        # Attribute docstrings: a string statement after an assignment (the settings' style).
+        # Docstrings of modules, classes and functions, and attribute docstrings (a string statement
+        # after an assignment, the settings' style).
         if (
             isinstance(node, ast.Expr)
             and isinstance(node.value, ast.Constant)
