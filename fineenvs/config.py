@@ -646,13 +646,13 @@ def _check_trainer(run: RunConfig) -> list[str]:
                 "Fix: trainer.teacher_dir=<output dir of +experiment=collect_teacher>"
             )
     if isinstance(t, GRPOSettings):
-        out.extend(t.problems())
+        out.extend(t.problems(training=run.job is Job.rl))
         if run.scheduler.group_size < 2:
             out.append(
                 f"scheduler.group_size must be >= 2 for GRPO (got {run.scheduler.group_size}): group-relative "
                 "advantages need at least two attempts per task. Use trainer=sft for single-sample training."
             )
-        if t.temperature != run.sampling.temperature:
+        if run.job is Job.rl and t.temperature != run.sampling.temperature:
             out.append(
                 f"trainer.temperature={t.temperature} differs from sampling.temperature={run.sampling.temperature}: "
                 "the trainer divides logits by the temperature the engine sampled at, or its logprobs are "

@@ -359,3 +359,11 @@ def test_harness_config_uses_the_adapter_format(name: str) -> None:
         with pytest.raises(ConfigError) as err:
             load(f"harness={name}", f"harness.{name}.api_format={unspoken[0]}")
         assert f"{name} speaks only {', '.join(adapter.api_formats)}" in str(err.value)
+
+
+def test_greedy_evaluation_composes_but_greedy_training_is_refused() -> None:
+    """The trainer's temperature follows sampling's; only a job that trains needs it above 0."""
+    run = load("+experiment=eval", "sampling=greedy")
+    assert run.sampling.temperature == 0.0 and run.trainer.temperature == 0.0
+    with pytest.raises(ConfigError, match=r"trainer.temperature=0.0 must be > 0"):
+        load("+experiment=smoke", "sampling=greedy")

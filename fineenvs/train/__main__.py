@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--attempts", type=int, default=4)
-    p.add_argument("--per-device-batch-size", type=int, default=2)
+    p.add_argument(
+        "--per-device-batch-size", "--micro-batch-size", dest="per_device_batch_size", type=int, default=2
+    )
     p.add_argument("--normalisation", default="per_token")
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--output-dir", type=Path, default=None)

@@ -100,8 +100,10 @@ class GRPOSettings:
     """Under several processes, how long the others may wait in a collective for the main
     process (which collects rollouts between steps): torch.distributed's ``timeout``."""
 
-    def problems(self) -> list[str]:
-        """Every bad field, each with the fix, as ``trainer.<field>`` (the YAML key)."""
+    def problems(self, *, training: bool = True) -> list[str]:
+        """Every bad field, each with the fix, as ``trainer.<field>`` (the YAML key). ``training``
+        False (a job that only evaluates with this trainer group, maybe greedily) skips the
+        temperature, which only the trainer's logprobs need."""
         p: list[str] = []
         if self.loss_type not in LOSS_TYPES:
             p.append(
@@ -146,7 +148,7 @@ class GRPOSettings:
                 f"trainer.prefix_sharing={self.prefix_sharing!r} is not one of {PREFIX_SHARING}: 'shared' "
                 "computes each prefix the rows share once, 'padded' forwards every row alone"
             )
-        if not self.temperature > 0.0:
+        if training and not self.temperature > 0.0:
             p.append(
                 f"trainer.temperature={self.temperature} must be > 0 and equal the engine's sampling "
                 "temperature (the trainer divides logits by it)"

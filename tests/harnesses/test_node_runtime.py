@@ -9,6 +9,7 @@ import pytest
 
 from fineenvs.harnesses import check_installed
 from fineenvs.harnesses.node import NODE
+from fineenvs.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -17,7 +18,7 @@ def test_agent_start_benchmark_prints_every_setup_against_the_system_node() -> N
     problems = check_installed(["pi"])
     assert not problems, "; ".join(problems)
     cmd = [sys.executable, "-m", "benchmarks", "agent-start", "--harness", "pi", "--repeats", "1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in done.stdout.splitlines()[2:]}
     assert set(rows) == {("pi", "system"), ("pi", "pinned"), ("pi", "pinned+cache")}, done.stdout

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from benchmarks.common import RawConn, free_port
 from fineenvs.models import ensure_tiny_model
+from fineenvs.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -382,7 +383,9 @@ def test_sigkill_mid_run_loses_no_acknowledged_call(tmp_path: Path) -> None:
     from fineenvs.proxy.store import CallStore
 
     engine_port, proxy_port = free_port(), free_port()
-    standin = subprocess.Popen([PY, "-m", "benchmarks.servers", "standin", "--port", str(engine_port)])
+    standin = subprocess.Popen(
+        [PY, "-m", "benchmarks.servers", "standin", "--port", str(engine_port)], cwd=REPO_ROOT
+    )
     store = tmp_path / "store"
     proxy = _start_proxy(engine_port, proxy_port, store, "--max-model-calls", "100000")
     acked: dict[str, set[str]] = {}

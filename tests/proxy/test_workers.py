@@ -21,6 +21,7 @@ import pytest
 from processes import stop, wait_ok
 
 from benchmarks.common import SAMPLED, child_pids, free_port, free_ports
+from fineenvs.paths import REPO_ROOT
 from fineenvs.proxy.sessions import shard_of
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.proxy.workers import settings_from_json, settings_to_json
@@ -57,7 +58,7 @@ def test_workers_setting_is_validated() -> None:
 @pytest.fixture
 def standin() -> Iterator[int]:
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "benchmarks.servers", "standin", "--port", str(port)])
+    proc = subprocess.Popen([PY, "-m", "benchmarks.servers", "standin", "--port", str(port)], cwd=REPO_ROOT)
     try:
         wait_ok(f"http://127.0.0.1:{port}/health")
         yield port
@@ -210,7 +211,7 @@ def test_benchmark_command_runs_with_workers_and_prints_every_figure(tmp_path: P
     proc = subprocess.run(
         [PY, "-m", "benchmarks", "proxy", "--workers", "2", "--sessions", "60", "--memory-sessions", "8",
          "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from fineenvs.paths import REPO_ROOT
 from fineenvs.train.grpo import CapturedGRPOTrainer
 from tests.train.cpu_settings import cpu_settings
 
@@ -93,7 +94,9 @@ def test_the_prepared_gpu_check_runs_on_cpu(tmp_path: Path) -> None:
 
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, "-m", "benchmarks", "gpu", "--device", "cpu", "--quick", "--dtype", "bfloat16"]
-    done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*cmd, "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert [f["model"] for f in figures] == ["tiny_qwen", "tiny_lfm2", "tiny_qwen3_5"]
