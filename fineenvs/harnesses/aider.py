@@ -20,6 +20,7 @@ from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     Harness,
+    Launch,
     Outputs,
     read_text,
     strip_v1,
@@ -50,24 +51,14 @@ class Aider(Harness):
     default_format = OPENAI_CHAT
     actions_in_text = True
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
         # Known metadata for the served model: without it aider fetches litellm's price list from
         # GitHub on every start (the one lookup left once its update check and analytics are off).
         write_json(
-            home / METADATA,
+            launch.home / METADATA,
             {
-                _model_name(fmt, model): {
+                _model_name(fmt, launch.model): {
                     "max_input_tokens": 200000,
                     "max_output_tokens": 8192,
                     "input_cost_per_token": 0,
@@ -78,29 +69,20 @@ class Aider(Harness):
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        fmt = self.check_format(api_format)
+    def command(self, launch: Launch) -> list[str]:
+        fmt = self.check_format(launch.api_format)
         return [
             str(self.binary_path),
             "--model",
-            _model_name(fmt, model),
+            _model_name(fmt, launch.model),
             "--weak-model",
-            _model_name(fmt, model),
+            _model_name(fmt, launch.model),
             "--model-metadata-file",
-            str(home / METADATA),
+            str(launch.home / METADATA),
             "--edit-format",
             EDIT_FORMAT,
             "--message",
-            task_prompt,
+            launch.task_prompt,
             "--yes-always",
             "--no-git",
             "--no-auto-commits",
@@ -114,29 +96,22 @@ class Aider(Harness):
             "--map-tokens",
             "0",
             "--chat-history-file",
-            str(home / CHAT_HISTORY),
+            str(launch.home / CHAT_HISTORY),
             "--llm-history-file",
-            str(home / LLM_HISTORY),
+            str(launch.home / LLM_HISTORY),
             "--input-history-file",
-            str(home / ".aider" / "input.history"),
+            str(launch.home / ".aider" / "input.history"),
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        fmt = self.check_format(api_format)
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        fmt = self.check_format(launch.api_format)
+        env = self.base_env(launch.home)
         if fmt == OPENAI_CHAT:
-            env.update({"OPENAI_API_KEY": session_key, "OPENAI_API_BASE": with_v1(base_url)})
+            env.update({"OPENAI_API_KEY": launch.session_key, "OPENAI_API_BASE": with_v1(launch.base_url)})
         else:
-            env.update({"ANTHROPIC_API_KEY": session_key, "ANTHROPIC_API_BASE": strip_v1(base_url)})
+            env.update(
+                {"ANTHROPIC_API_KEY": launch.session_key, "ANTHROPIC_API_BASE": strip_v1(launch.base_url)}
+            )
         env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"})
         return env
 

@@ -11,7 +11,7 @@ import json
 import os
 import pwd
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +54,26 @@ def strip_v1(base_url: str) -> str:
 
 def with_v1(base_url: str) -> str:
     return strip_v1(base_url) + "/v1"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One attempt's launch as an adapter sees it: where its home and work folder are, the proxy it
+    talks to and with which session key, the served model, the wire format, its step limit and its
+    task. ``write_config`` gets the host's paths (where the files are written); ``command`` and
+    ``env`` get the paths the agent sees (fixed ones inside the bwrap sandbox: ``seen_as``)."""
+
+    home: Path
+    workdir: Path
+    base_url: str
+    session_key: str
+    model: str
+    api_format: str
+    step_limit: int | None = None
+    task_prompt: str = ""
+
+    def seen_as(self, home: Path, workdir: Path) -> Launch:
+        return replace(self, home=home, workdir=workdir)
 
 
 class Harness(ABC):
@@ -144,44 +164,16 @@ class Harness(ABC):
         return fmt
 
     @abstractmethod
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
+    def write_config(self, launch: Launch) -> None:
         """Write the agent's config files under ``home`` (and ``workdir`` where it reads them)."""
 
     @abstractmethod
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         """The argv that runs the agent headless on one task (step_limit where a flag honours it)."""
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
+    def env(self, launch: Launch) -> dict[str, str]:
         """The agent's complete environment (built from scratch; see :meth:`base_env`)."""
-        return self.base_env(home)
+        return self.base_env(launch.home)
 
     def base_env(self, home: Path) -> dict[str, str]:
         """PATH/HOME/locale only: nothing from the parent except what is listed here."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     Harness,
+    Launch,
     Outputs,
     iter_json_lines,
     read_text,
@@ -28,79 +29,51 @@ class ClaudeCode(Harness):
     default_format = ANTHROPIC_MESSAGES
     honours_step_limit = True  # --max-turns in print mode
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         # Permissions live in settings (not env) so they are visible in the attempt folder.
         write_json(
-            home / ".claude" / "settings.json",
+            launch.home / ".claude" / "settings.json",
             {
                 "permissions": {"allow": list(ALLOWED_TOOLS), "defaultMode": "acceptEdits"},
                 "includeCoAuthoredBy": False,
                 "cleanupPeriodDays": 1,
             },
         )
-        write_json(home / ".claude.json", {"hasCompletedOnboarding": True, "autoUpdates": False})
+        write_json(launch.home / ".claude.json", {"hasCompletedOnboarding": True, "autoUpdates": False})
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         cmd = [
             str(self.binary_path),
             "-p",
-            task_prompt,
+            launch.task_prompt,
             "--allowedTools",
             ",".join(ALLOWED_TOOLS),
             "--output-format",
             "stream-json",
             "--verbose",
             "--model",
-            model,
+            launch.model,
         ]
-        if step_limit is not None:
-            cmd += ["--max-turns", str(step_limit)]
+        if launch.step_limit is not None:
+            cmd += ["--max-turns", str(launch.step_limit)]
         return cmd
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
-                "ANTHROPIC_BASE_URL": strip_v1(base_url),
-                "ANTHROPIC_API_KEY": session_key,
-                "ANTHROPIC_MODEL": model,
-                "ANTHROPIC_SMALL_FAST_MODEL": model,
-                "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+                "ANTHROPIC_BASE_URL": strip_v1(launch.base_url),
+                "ANTHROPIC_API_KEY": launch.session_key,
+                "ANTHROPIC_MODEL": launch.model,
+                "ANTHROPIC_SMALL_FAST_MODEL": launch.model,
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": launch.model,
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                 "DISABLE_TELEMETRY": "1",
                 "DISABLE_AUTOUPDATER": "1",
                 "DISABLE_ERROR_REPORTING": "1",
                 "DISABLE_BUG_COMMAND": "1",
-                "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+                "CLAUDE_CONFIG_DIR": str(launch.home / ".claude"),
             }
         )
         return env

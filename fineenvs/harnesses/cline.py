@@ -13,6 +13,7 @@ from typing import Any
 from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     Harness,
+    Launch,
     Outputs,
     iter_json_lines,
     read_text,
@@ -36,21 +37,11 @@ class Cline(Harness):
     def data_dir(home: Path) -> Path:
         return home / ".cline" / "data"
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         # The file `cline auth -p openai -k KEY -m MODEL -b URL` writes.
         write_json(
-            self.data_dir(home) / "settings" / "providers.json",
+            self.data_dir(launch.home) / "settings" / "providers.json",
             {
                 "version": 1,
                 "lastUsedProvider": PROVIDER,
@@ -59,9 +50,9 @@ class Cline(Harness):
                     PROVIDER: {
                         "settings": {
                             "provider": PROVIDER,
-                            "apiKey": session_key,
-                            "model": model,
-                            "baseUrl": with_v1(base_url),
+                            "apiKey": launch.session_key,
+                            "model": launch.model,
+                            "baseUrl": with_v1(launch.base_url),
                         },
                         # Without updatedAt the entry fails cline's schema and it falls back to
                         # its own hosted provider.
@@ -72,16 +63,7 @@ class Cline(Harness):
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         # No -P/-m: passing the provider on the command line drops the baseUrl of providers.json
         # (cline then connects to its default endpoint); lastUsedProvider selects it instead.
         return [
@@ -90,23 +72,14 @@ class Cline(Harness):
             "--auto-approve",
             "true",
             "-c",
-            str(workdir),
+            str(launch.workdir),
             "--compaction",
             "off",
-            task_prompt,
+            launch.task_prompt,
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         # No CLINE_DIR/CLINE_DATA_DIR/--data-dir: with any of them cline ignores providers.json and
         # falls back to its hosted provider. The fresh HOME isolates ~/.cline instead.
         return env

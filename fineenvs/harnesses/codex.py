@@ -19,6 +19,7 @@ from fineenvs.harnesses.base import (
     OPENAI_RESPONSES,
     Harness,
     HarnessConfigError,
+    Launch,
     Outputs,
     iter_json_lines,
     read_text,
@@ -52,20 +53,10 @@ class Codex(Harness):
             )
         self.transport = transport
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         common = [
-            f"model = {_toml_str(model)}",
+            f"model = {_toml_str(launch.model)}",
             "check_for_update_on_startup = false",
             'approval_policy = "never"',
             'sandbox_mode = "danger-full-access"',
@@ -84,7 +75,7 @@ class Codex(Harness):
         ]
         if self.transport == "websocket":
             # The built-in provider, only its base URL moved: Codex's default transport.
-            provider = [f"openai_base_url = {_toml_str(with_v1(base_url))}"]
+            provider = [f"openai_base_url = {_toml_str(with_v1(launch.base_url))}"]
         else:
             # A custom provider (not the built-in `openai`) never tries the WebSocket.
             provider = [
@@ -92,27 +83,18 @@ class Codex(Harness):
                 "",
                 "[model_providers.fineenvs]",
                 'name = "fineenvs"',
-                f"base_url = {_toml_str(with_v1(base_url))}",
+                f"base_url = {_toml_str(with_v1(launch.base_url))}",
                 f"env_key = {_toml_str(KEY_ENV)}",
                 'wire_api = "responses"',
                 "request_max_retries = 1",
                 "stream_max_retries = 1",
             ]
         text = "\n".join([*common, *provider, *tail])
-        path = home / ".codex" / "config.toml"
+        path = launch.home / ".codex" / "config.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         return [
             str(self.binary_path),
             "exec",
@@ -120,23 +102,14 @@ class Codex(Harness):
             "--dangerously-bypass-approvals-and-sandbox",
             "--skip-git-repo-check",
             "-C",
-            str(workdir),
-            task_prompt,
+            str(launch.workdir),
+            launch.task_prompt,
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         key_env = CODEX_KEY_ENV if self.transport == "websocket" else KEY_ENV
-        env.update({"CODEX_HOME": str(home / ".codex"), key_env: session_key})
+        env.update({"CODEX_HOME": str(launch.home / ".codex"), key_env: launch.session_key})
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:

@@ -28,6 +28,7 @@ from fineenvs.harnesses.base import (
     OPENAI_RESPONSES,
     Harness,
     HarnessConfigError,
+    Launch,
     Outputs,
     iter_json_lines,
     node_bin_dir,
@@ -72,37 +73,18 @@ class Copilot(Harness):
         }
         return [([str(prefix / "node_modules" / ".bin" / self.binary), "--binary-version"], env)]
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         # Everything is in the environment; the home only needs to exist.
-        (home / ".copilot").mkdir(parents=True, exist_ok=True)
+        (launch.home / ".copilot").mkdir(parents=True, exist_ok=True)
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         return [
             str(self.binary_path),
             "-p",
-            task_prompt,
+            launch.task_prompt,
             "--model",
-            model,
+            launch.model,
             "--allow-all-tools",
             "--allow-all-paths",
             "--no-ask-user",
@@ -113,36 +95,27 @@ class Copilot(Harness):
             "--output-format",
             "json",
             "--log-dir",
-            str(home / ".copilot" / "logs"),
+            str(launch.home / ".copilot" / "logs"),
             "-C",
-            str(workdir),
+            str(launch.workdir),
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        fmt = self.check_format(api_format)
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        fmt = self.check_format(launch.api_format)
+        env = self.base_env(launch.home)
         env.update(
             {
-                "COPILOT_HOME": str(home / ".copilot"),
+                "COPILOT_HOME": str(launch.home / ".copilot"),
                 "COPILOT_PKG_CACHE_HOME": str(self.install_dir / PKG_CACHE),
                 "COPILOT_OFFLINE": "true",
                 "COPILOT_AUTO_UPDATE": "false",
-                "COPILOT_MODEL": model,
+                "COPILOT_MODEL": launch.model,
                 "COPILOT_PROVIDER_TYPE": TYPE_BY_FORMAT[fmt],
                 # The Anthropic SDK appends /v1 itself; the OpenAI clients want it in the base URL.
-                "COPILOT_PROVIDER_BASE_URL": strip_v1(base_url)
+                "COPILOT_PROVIDER_BASE_URL": strip_v1(launch.base_url)
                 if fmt == ANTHROPIC_MESSAGES
-                else with_v1(base_url),
-                "COPILOT_PROVIDER_API_KEY": session_key,
+                else with_v1(launch.base_url),
+                "COPILOT_PROVIDER_API_KEY": launch.session_key,
                 "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
                 "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
             }

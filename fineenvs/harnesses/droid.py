@@ -23,6 +23,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    Launch,
     Outputs,
     iter_json_lines,
     read_text,
@@ -51,28 +52,20 @@ class Droid(Harness):
     default_format = OPENAI_CHAT
     extra_requirements = (f"{BINARY_PACKAGE}@{BINARY_VERSION}",)
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
         write_json(
-            home / ".factory" / "settings.json",
+            launch.home / ".factory" / "settings.json",
             {
                 "customModels": [
                     {
-                        "model": model,
-                        "displayName": model,
+                        "model": launch.model,
+                        "displayName": launch.model,
                         # The Anthropic SDK appends /v1 itself; the OpenAI clients want it here.
-                        "baseUrl": strip_v1(base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(base_url),
-                        "apiKey": session_key,
+                        "baseUrl": strip_v1(launch.base_url)
+                        if fmt == ANTHROPIC_MESSAGES
+                        else with_v1(launch.base_url),
+                        "apiKey": launch.session_key,
                         "provider": PROVIDER_BY_FORMAT[fmt],
                         "maxOutputTokens": 8192,
                         "maxContextLimit": 200000,
@@ -85,23 +78,14 @@ class Droid(Harness):
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         return [
             str(self.binary_path),
             "exec",
             "--auto",
             "high",
             "-m",
-            f"custom:{model}",
+            f"custom:{launch.model}",
             # The local coding tools; the rest (Slack, missions, connectors, web, image
             # generation) need Factory's cloud.
             "--only-tools",
@@ -109,21 +93,12 @@ class Droid(Harness):
             "-o",
             "stream-json",
             "--cwd",
-            str(workdir),
-            task_prompt,
+            str(launch.workdir),
+            launch.task_prompt,
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
                 "FACTORY_AIRGAP_ENABLED": "true",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fineenvs.harnesses.base import GEMINI, Harness, Outputs, read_text, strip_v1, write_json
+from fineenvs.harnesses.base import GEMINI, Harness, Launch, Outputs, read_text, strip_v1, write_json
 
 
 def gemini_settings(auth_type: str, step_limit: int | None) -> dict[str, Any]:
@@ -49,48 +49,31 @@ class GeminiCli(Harness):
     default_format = GEMINI
     honours_step_limit = True  # model.maxSessionTurns
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
-        write_json(home / ".gemini" / "settings.json", gemini_settings("gemini-api-key", step_limit))
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
+        write_json(
+            launch.home / ".gemini" / "settings.json", gemini_settings("gemini-api-key", launch.step_limit)
+        )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         # -m pins the model: without it a router side call (wanting JSON) comes first.
-        return [str(self.binary_path), "-m", model, "-p", task_prompt, "--yolo", "--output-format", "json"]
+        return [
+            str(self.binary_path),
+            "-m",
+            launch.model,
+            "-p",
+            launch.task_prompt,
+            "--yolo",
+            "--output-format",
+            "json",
+        ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
-                "GEMINI_API_KEY": session_key,
-                "GOOGLE_GEMINI_BASE_URL": strip_v1(base_url),
+                "GEMINI_API_KEY": launch.session_key,
+                "GOOGLE_GEMINI_BASE_URL": strip_v1(launch.base_url),
                 "GEMINI_CLI_TRUST_WORKSPACE": "true",
                 "GEMINI_CLI_NO_RELAUNCH": "true",
             }

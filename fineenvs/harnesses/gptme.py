@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs, read_text, with_v1
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, read_text, with_v1
 
 CONVERSATION = "fineenvs-attempt"
 TOOLS = "shell,save,read,patch,append"
@@ -27,21 +27,11 @@ class Gptme(Harness):
     default_format = OPENAI_CHAT
     honours_step_limit = True  # GPTME_MAX_STEPS
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         # The base URL and key go through the [env] table of gptme's own config file, which
         # gptme reads before the process environment.
-        path = home / ".config" / "gptme" / "config.toml"
+        path = launch.home / ".config" / "gptme" / "config.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [
             "[user]",
@@ -51,26 +41,17 @@ class Gptme(Harness):
             'about_user = ""',
             "",
             "[env]",
-            f"OPENAI_BASE_URL = {json.dumps(with_v1(base_url))}",
-            f"OPENAI_API_KEY = {json.dumps(session_key)}",
-            f"MODEL = {json.dumps('local/' + model)}",
+            f"OPENAI_BASE_URL = {json.dumps(with_v1(launch.base_url))}",
+            f"OPENAI_API_KEY = {json.dumps(launch.session_key)}",
+            f"MODEL = {json.dumps('local/' + launch.model)}",
             'TOOL_FORMAT = "tool"',
             "",
         ]
         path.write_text("\n".join(lines))
-        if step_limit is not None:
-            (home / ".config" / "gptme" / "max_steps").write_text(str(step_limit))
+        if launch.step_limit is not None:
+            (launch.home / ".config" / "gptme" / "max_steps").write_text(str(launch.step_limit))
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         return [
             str(self.binary_path),
             "--non-interactive",
@@ -78,38 +59,29 @@ class Gptme(Harness):
             "--tool-format",
             "tool",
             "-m",
-            f"local/{model}",
+            f"local/{launch.model}",
             "-t",
             TOOLS,
             "-w",
-            str(workdir),
+            str(launch.workdir),
             "--name",
             CONVERSATION,
             "--context",
             "files",
-            task_prompt,
+            launch.task_prompt,
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
                 "GPTME_TELEMETRY_ENABLED": "false",
                 "GPTME_CHECK_UPDATE": "false",
-                "GPTME_LOGS_HOME": str(home / "gptme-logs"),
+                "GPTME_LOGS_HOME": str(launch.home / "gptme-logs"),
                 "GPTME_SHELL_TIMEOUT": "120",
             }
         )
-        limit = read_text(home / ".config" / "gptme" / "max_steps").strip()
+        limit = read_text(launch.home / ".config" / "gptme" / "max_steps").strip()
         if limit.isdigit():
             env["GPTME_MAX_STEPS"] = limit
         return env

@@ -12,6 +12,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    Launch,
     Outputs,
     read_text,
     strip_v1,
@@ -38,67 +39,43 @@ class Hermes(Harness):
     extra_requirements = ("anthropic==0.87.0",)
     honours_step_limit = True  # agent.max_turns
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
-        url = strip_v1(base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(base_url)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
+        url = strip_v1(launch.base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(launch.base_url)
         # `provider: custom:NAME` (not plain `custom`) is what makes api_mode take effect;
         # context_length stops the model-metadata probes and the openrouter lookup.
         config = {
-            "model": {"default": model, "provider": "custom:fineenvs", "context_length": CONTEXT_LENGTH},
+            "model": {
+                "default": launch.model,
+                "provider": "custom:fineenvs",
+                "context_length": CONTEXT_LENGTH,
+            },
             "custom_providers": [
                 {
                     "name": "fineenvs",
                     "base_url": url,
-                    "api_key": session_key,
+                    "api_key": launch.session_key,
                     "api_mode": MODE_BY_FORMAT[fmt],
-                    "model": model,
+                    "model": launch.model,
                     "context_length": CONTEXT_LENGTH,
                 }
             ],
-            "agent": {"max_turns": step_limit or 90},
+            "agent": {"max_turns": launch.step_limit or 90},
             "telemetry": {"enabled": False},
         }
-        path = home / ".hermes" / "config.yaml"
+        path = launch.home / ".hermes" / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         # JSON is valid YAML; no YAML writer needed.
         path.write_text(json.dumps(config, indent=2) + "\n")
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        return [str(self.binary_path), "-z", task_prompt, "--yolo"]
+    def command(self, launch: Launch) -> list[str]:
+        return [str(self.binary_path), "-z", launch.task_prompt, "--yolo"]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
-                "HERMES_HOME": str(home / ".hermes"),
+                "HERMES_HOME": str(launch.home / ".hermes"),
                 "HERMES_DISABLE_LAZY_INSTALLS": "1",
                 "HERMES_DISABLE_UPDATE_CHECK": "1",
             }

@@ -31,6 +31,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    Launch,
     Outputs,
     iter_json_lines,
     node_bin_dir,
@@ -71,21 +72,11 @@ class KimiCode(Harness):
         target = str(prefix / RIPGREP_DIR)
         return [([*pip, "--only-binary=:all:", "--target", target, RIPGREP], env)]
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
         # The Anthropic and Google SDKs append their API version themselves; the OpenAI clients
         # want it in the base URL.
-        url = strip_v1(base_url) if fmt in (ANTHROPIC_MESSAGES, GEMINI) else with_v1(base_url)
+        url = strip_v1(launch.base_url) if fmt in (ANTHROPIC_MESSAGES, GEMINI) else with_v1(launch.base_url)
         lines = [
             f"default_model = {_q(ALIAS)}",
             "telemetry = false",
@@ -93,51 +84,33 @@ class KimiCode(Harness):
             f"[providers.{ALIAS}]",
             f"type = {_q(TYPE_BY_FORMAT[fmt])}",
             f"base_url = {_q(url)}",
-            f"api_key = {_q(session_key)}",
+            f"api_key = {_q(launch.session_key)}",
             "",
             f"[models.{ALIAS}]",
             f"provider = {_q(ALIAS)}",
-            f"model = {_q(model)}",
+            f"model = {_q(launch.model)}",
             f"max_context_size = {CONTEXT_SIZE}",
             # Capabilities are guessed from the model name; an unknown name gets none, and
             # without tool_use the agent would have no tools.
             'capabilities = ["tool_use"]',
         ]
-        if step_limit is not None:
-            lines += ["", "[loop_control]", f"max_steps_per_turn = {step_limit}"]
-        cfg = home / ".kimi-code"
+        if launch.step_limit is not None:
+            lines += ["", "[loop_control]", f"max_steps_per_turn = {launch.step_limit}"]
+        cfg = launch.home / ".kimi-code"
         cfg.mkdir(parents=True, exist_ok=True)
         (cfg / "config.toml").write_text("\n".join(lines) + "\n")
         (cfg / "tui.toml").write_text("[upgrade]\nauto_install = false\n")
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        return [str(self.binary_path), "-p", task_prompt, "--output-format", "stream-json"]
+    def command(self, launch: Launch) -> list[str]:
+        return [str(self.binary_path), "-p", launch.task_prompt, "--output-format", "stream-json"]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         path = [str(self.bin_dir), str(self.install_dir / RIPGREP_DIR / "bin"), node_bin_dir()]
         env["PATH"] = ":".join([*path, *(p for p in env["PATH"].split(":") if p not in path)])
         env.update(
             {
-                "KIMI_CODE_HOME": str(home / ".kimi-code"),
+                "KIMI_CODE_HOME": str(launch.home / ".kimi-code"),
                 "KIMI_DISABLE_TELEMETRY": "1",
                 "KIMI_CODE_NO_AUTO_UPDATE": "1",
             }

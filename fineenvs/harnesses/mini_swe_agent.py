@@ -9,6 +9,7 @@ from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     Harness,
+    Launch,
     Outputs,
     strip_v1,
     with_v1,
@@ -31,75 +32,47 @@ class MiniSweAgent(Harness):
     default_format = OPENAI_CHAT
     honours_step_limit = True  # agent.step_limit
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
-        api_base = with_v1(base_url) if fmt == OPENAI_CHAT else strip_v1(base_url)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
+        api_base = with_v1(launch.base_url) if fmt == OPENAI_CHAT else strip_v1(launch.base_url)
         # YAML is a superset of JSON, so a JSON document is a valid -c file.
         write_json(
-            home / PARAMS,
+            launch.home / PARAMS,
             {
-                "agent": {"step_limit": step_limit or 0, "cost_limit": 0, "mode": "yolo"},
+                "agent": {"step_limit": launch.step_limit or 0, "cost_limit": 0, "mode": "yolo"},
                 "model": {"model_kwargs": {"api_base": api_base, "drop_params": True}},
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        fmt = self.check_format(api_format)
+    def command(self, launch: Launch) -> list[str]:
+        fmt = self.check_format(launch.api_format)
         prefix = "openai" if fmt == OPENAI_CHAT else "anthropic"
         # -c replaces the default config, so the built-in mini.yaml must come first.
         return [
             str(self.binary_path),
             "-m",
-            f"{prefix}/{model}",
+            f"{prefix}/{launch.model}",
             "-t",
-            task_prompt,
+            launch.task_prompt,
             "-y",
             "--exit-immediately",
             "-c",
             "mini.yaml",
             "-c",
-            str(home / PARAMS),
+            str(launch.home / PARAMS),
             "-o",
-            str(home / TRAJECTORY),
+            str(launch.home / TRAJECTORY),
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        fmt = self.check_format(api_format)
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        fmt = self.check_format(launch.api_format)
+        env = self.base_env(launch.home)
         env.update(
             {
-                "OPENAI_API_KEY" if fmt == OPENAI_CHAT else "ANTHROPIC_API_KEY": session_key,
+                "OPENAI_API_KEY" if fmt == OPENAI_CHAT else "ANTHROPIC_API_KEY": launch.session_key,
                 "MSWEA_CONFIGURED": "true",
                 "MSWEA_COST_TRACKING": "ignore_errors",
-                "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config" / "mini-swe-agent"),
+                "MSWEA_GLOBAL_CONFIG_DIR": str(launch.home / ".config" / "mini-swe-agent"),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "LITELLM_TELEMETRY": "False",
             }

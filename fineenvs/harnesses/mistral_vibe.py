@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs, read_text, with_v1
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, read_text, with_v1
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
 ALIAS = "fineenvs"
@@ -30,18 +30,8 @@ class MistralVibe(Harness):
     python_version = "3.12"
     honours_step_limit = True  # --max-turns (headless)
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         lines = [
             f"active_model = {_q(ALIAS)}",
             "enable_telemetry = false",
@@ -50,61 +40,43 @@ class MistralVibe(Harness):
             "",
             "[[providers]]",
             f"name = {_q(ALIAS)}",
-            f"api_base = {_q(with_v1(base_url))}",
+            f"api_base = {_q(with_v1(launch.base_url))}",
             f"api_key_env_var = {_q(KEY_ENV)}",
             'api_style = "openai"',
             'backend = "generic"',
             "",
             "[[models]]",
-            f"name = {_q(model)}",
+            f"name = {_q(launch.model)}",
             f"provider = {_q(ALIAS)}",
             f"alias = {_q(ALIAS)}",
             "max_context_length = 200000",
             "",
         ]
-        path = home / ".vibe" / "config.toml"
+        path = launch.home / ".vibe" / "config.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines))
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         cmd = [
             str(self.binary_path),
             "-p",
-            task_prompt,
+            launch.task_prompt,
             "--output",
             "json",
             "--auto-approve",
             "--trust",
             "--workdir",
-            str(workdir),
+            str(launch.workdir),
             "--output-dir",
-            str(home / "vibe-output"),
+            str(launch.home / "vibe-output"),
         ]
-        if step_limit is not None:
-            cmd += ["--max-turns", str(step_limit)]
+        if launch.step_limit is not None:
+            cmd += ["--max-turns", str(launch.step_limit)]
         return cmd
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
-        env.update({"VIBE_HOME": str(home / ".vibe"), KEY_ENV: session_key})
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
+        env.update({"VIBE_HOME": str(launch.home / ".vibe"), KEY_ENV: launch.session_key})
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:

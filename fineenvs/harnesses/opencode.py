@@ -12,6 +12,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    Launch,
     Outputs,
     iter_json_lines,
     read_text,
@@ -37,6 +38,9 @@ def _base_for(fmt: str, base_url: str) -> str:
 
 
 class OpenCode(Harness):
+    """OpenCode, and the base of its forks (Kilo CLI): what a fork names differently is a class
+    attribute or a hook (``extra_config``, ``run_flags``, ``workdir_flags``, ``extra_env``)."""
+
     name = "opencode"
     package = "opencode-ai"
     registry = "npm"
@@ -44,11 +48,19 @@ class OpenCode(Harness):
     binary = "opencode"
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
     default_format = OPENAI_CHAT
+    schema_url = "https://opencode.ai/config.json"
+    config_parts: tuple[str, ...] = (".config", "opencode", "opencode.json")
+    env_prefix = "OPENCODE"
+    run_flags: tuple[str, ...] = ()
 
-    def config(self, *, base_url: str, session_key: str, model: str, api_format: str) -> dict[str, Any]:
-        fmt = self.check_format(api_format)
+    def config_path(self, home: Path) -> Path:
+        return home.joinpath(*self.config_parts)
+
+    def config(self, launch: Launch) -> dict[str, Any]:
+        fmt = self.check_format(launch.api_format)
+        model = launch.model
         return {
-            "$schema": "https://opencode.ai/config.json",
+            "$schema": self.schema_url,
             "model": f"{PROVIDER}/{model}",
             "small_model": f"{PROVIDER}/{model}",
             "autoupdate": False,
@@ -61,8 +73,8 @@ class OpenCode(Harness):
                     "npm": SDK_BY_FORMAT[fmt],
                     "name": "fineenvs proxy",
                     "options": {
-                        "baseURL": _base_for(fmt, base_url),
-                        "apiKey": session_key,
+                        "baseURL": _base_for(fmt, launch.base_url),
+                        "apiKey": launch.session_key,
                         "timeout": 600000,
                     },
                     "models": {
@@ -74,68 +86,55 @@ class OpenCode(Harness):
                     },
                 }
             },
+            **self.extra_config(launch),
         }
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        cfg = self.config(base_url=base_url, session_key=session_key, model=model, api_format=api_format)
-        path = home / ".config" / "opencode" / "opencode.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cfg, indent=2) + "\n")
+    def extra_config(self, launch: Launch) -> dict[str, Any]:
+        """Keys a fork adds to the config."""
+        return {}
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def write_config(self, launch: Launch) -> None:
+        path = self.config_path(launch.home)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.config(launch), indent=2) + "\n")
+
+    def command(self, launch: Launch) -> list[str]:
         # One quoted argument reaches the model with literal quotes around it; words do not.
         return [
             str(self.binary_path),
             "run",
             "--format",
             "json",
+            *self.run_flags,
             "--model",
-            f"{PROVIDER}/{model}",
-            *task_prompt.split(),
+            f"{PROVIDER}/{launch.model}",
+            *self.workdir_flags(launch),
+            *launch.task_prompt.split(),
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
-        env.update(
-            {
-                "OPENCODE_CONFIG": str(home / ".config" / "opencode" / "opencode.json"),
-                "OPENCODE_DISABLE_AUTOUPDATE": "1",
-                "OPENCODE_DISABLE_MODELS_FETCH": "1",
-                "OPENCODE_DISABLE_SHARE": "1",
-                "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-                "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
-                "OPENCODE_DISABLE_CLAUDE_CODE": "1",
-            }
-        )
+    def workdir_flags(self, launch: Launch) -> list[str]:
+        """OpenCode runs in its working directory; a fork may name it."""
+        return []
+
+    def env(self, launch: Launch) -> dict[str, str]:
+        p = self.env_prefix
+        env = self.base_env(launch.home)
+        env[f"{p}_CONFIG"] = str(self.config_path(launch.home))
+        for switch in (
+            "AUTOUPDATE",
+            "MODELS_FETCH",
+            "SHARE",
+            "LSP_DOWNLOAD",
+            "DEFAULT_PLUGINS",
+            "CLAUDE_CODE",
+        ):
+            env[f"{p}_DISABLE_{switch}"] = "1"
+        env.update(self.extra_env())
         return env
+
+    def extra_env(self) -> dict[str, str]:
+        """Switches a fork adds."""
+        return {}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
         events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs, with_v1, write_json
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, with_v1, write_json
 
 DRIVER = Path(__file__).with_name("openhands_driver.py")
 CONFIG = "openhands.json"
@@ -31,53 +31,32 @@ class OpenHands(Harness):
     extra_requirements = ("openhands-tools==1.58.2",)
     honours_step_limit = True  # max_iteration_per_run
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        self.check_format(launch.api_format)
         write_json(
-            home / CONFIG,
+            launch.home / CONFIG,
             {
                 # litellm's openai/ prefix: plain Chat Completions against base_url.
-                "model": f"openai/{model}",
-                "base_url": with_v1(base_url),
-                "api_key": session_key,
-                "max_iterations": step_limit or 100,
+                "model": f"openai/{launch.model}",
+                "base_url": with_v1(launch.base_url),
+                "api_key": launch.session_key,
+                "max_iterations": launch.step_limit or 100,
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         # The config file's own folder (HOME) holds the conversation store and the event log.
-        return [str(self.binary_path), "-I", str(DRIVER), str(home / CONFIG), str(workdir), task_prompt]
+        return [
+            str(self.binary_path),
+            "-I",
+            str(DRIVER),
+            str(launch.home / CONFIG),
+            str(launch.workdir),
+            launch.task_prompt,
+        ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
         env.update(
             {
                 "OPENHANDS_SUPPRESS_BANNER": "1",

@@ -11,6 +11,7 @@ from fineenvs.harnesses.base import (
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     Harness,
+    Launch,
     Outputs,
     read_text,
     strip_v1,
@@ -45,57 +46,37 @@ class Pi(Harness):
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
     default_format = OPENAI_CHAT
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
         # apiKey names an env var, so the key itself stays out of the file.
         write_json(
-            home / ".pi" / "agent" / "models.json",
+            launch.home / ".pi" / "agent" / "models.json",
             {
                 "providers": {
                     PROVIDER: {
-                        "baseUrl": _base_for(fmt, base_url),
+                        "baseUrl": _base_for(fmt, launch.base_url),
                         "api": API_BY_FORMAT[fmt],
                         "apiKey": KEY_ENV,
-                        "models": [{"id": model, "contextWindow": 200000, "maxTokens": 8192}],
+                        "models": [{"id": launch.model, "contextWindow": 200000, "maxTokens": 8192}],
                     }
                 }
             },
         )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        return [str(self.binary_path), "-p", task_prompt, "--model", f"{PROVIDER}/{model}", "--mode", "json"]
+    def command(self, launch: Launch) -> list[str]:
+        return [
+            str(self.binary_path),
+            "-p",
+            launch.task_prompt,
+            "--model",
+            f"{PROVIDER}/{launch.model}",
+            "--mode",
+            "json",
+        ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        env = self.base_env(home)
-        env.update({KEY_ENV: session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"})
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
+        env.update({KEY_ENV: launch.session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"})
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:

@@ -10,6 +10,7 @@ from fineenvs.harnesses.base import (
     GEMINI,
     OPENAI_CHAT,
     Harness,
+    Launch,
     Outputs,
     read_text,
     strip_v1,
@@ -31,70 +32,50 @@ class QwenCode(Harness):
     default_format = OPENAI_CHAT
     honours_step_limit = True  # model.maxSessionTurns
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        fmt = self.check_format(api_format)
-        write_json(home / ".qwen" / "settings.json", gemini_settings(AUTH_BY_FORMAT[fmt], step_limit))
+    def write_config(self, launch: Launch) -> None:
+        fmt = self.check_format(launch.api_format)
+        write_json(
+            launch.home / ".qwen" / "settings.json", gemini_settings(AUTH_BY_FORMAT[fmt], launch.step_limit)
+        )
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
-        fmt = self.check_format(api_format)
+    def command(self, launch: Launch) -> list[str]:
+        fmt = self.check_format(launch.api_format)
         return [
             str(self.binary_path),
             "--auth-type",
             AUTH_BY_FORMAT[fmt],
             "-m",
-            model,
+            launch.model,
             "-p",
-            task_prompt,
+            launch.task_prompt,
             "--yolo",
             "--output-format",
             "json",
         ]
 
-    def env(
-        self,
-        *,
-        home: Path,
-        workdir: Path,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-    ) -> dict[str, str]:
-        fmt = self.check_format(api_format)
-        env = self.base_env(home)
+    def env(self, launch: Launch) -> dict[str, str]:
+        fmt = self.check_format(launch.api_format)
+        env = self.base_env(launch.home)
         if fmt == OPENAI_CHAT:
             env.update(
-                {"OPENAI_API_KEY": session_key, "OPENAI_BASE_URL": with_v1(base_url), "OPENAI_MODEL": model}
+                {
+                    "OPENAI_API_KEY": launch.session_key,
+                    "OPENAI_BASE_URL": with_v1(launch.base_url),
+                    "OPENAI_MODEL": launch.model,
+                }
             )
         elif fmt == ANTHROPIC_MESSAGES:
             env.update(
                 {
-                    "ANTHROPIC_API_KEY": session_key,
-                    "ANTHROPIC_BASE_URL": strip_v1(base_url),
-                    "ANTHROPIC_MODEL": model,
+                    "ANTHROPIC_API_KEY": launch.session_key,
+                    "ANTHROPIC_BASE_URL": strip_v1(launch.base_url),
+                    "ANTHROPIC_MODEL": launch.model,
                 }
             )
         else:
-            env.update({"GEMINI_API_KEY": session_key, "GOOGLE_GEMINI_BASE_URL": strip_v1(base_url)})
+            env.update(
+                {"GEMINI_API_KEY": launch.session_key, "GOOGLE_GEMINI_BASE_URL": strip_v1(launch.base_url)}
+            )
         env["QWEN_CODE_NO_RELAUNCH"] = "true"
         return env
 

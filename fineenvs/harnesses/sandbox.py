@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fineenvs.harnesses.base import Harness, Outputs
+from fineenvs.harnesses.base import Harness, Launch, Outputs
 from fineenvs.harnesses.guard import MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
 
 ANSWER_FILE = "answer.txt"
@@ -345,29 +345,13 @@ def _run_in(
         else:
             shutil.copy2(src, dest)
 
-    harness.write_config(
-        home,
-        workdir,
-        base_url=base_url,
-        session_key=session_key,
-        model=model,
-        api_format=fmt,
-        step_limit=step_limit,
-    )
+    launch = Launch(home, workdir, base_url, session_key, model, fmt, step_limit, task_prompt)
+    harness.write_config(launch)
     # Config files are written where they live on the host; the command line and the environment
     # name the paths the agent sees (fixed ones inside bwrap, the same folders mounted there).
-    seen_home, seen_work = (SANDBOX_HOME, SANDBOX_WORK) if use_bwrap else (home, workdir)
-    argv = harness.command(
-        task_prompt, home=seen_home, workdir=seen_work, model=model, api_format=fmt, step_limit=step_limit
-    )
-    env = harness.env(
-        home=seen_home,
-        workdir=seen_work,
-        base_url=base_url,
-        session_key=session_key,
-        model=model,
-        api_format=fmt,
-    )
+    seen = launch.seen_as(SANDBOX_HOME, SANDBOX_WORK) if use_bwrap else launch
+    argv = harness.command(seen)
+    env = harness.env(seen)
     marker = uuid.uuid4().hex
     env[MARKER_ENV] = marker
     if os.environ.get(RUN_MARKER_ENV):  # a restarted run reaps what this run leaves behind

@@ -29,7 +29,6 @@ import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 INNER_FLAG = "--inside-namespace"
@@ -100,6 +99,7 @@ def _inside(args: argparse.Namespace) -> int:
     dns = DnsLogger()
 
     from fineenvs.harnesses import HARNESSES
+    from fineenvs.harnesses.base import Launch
     from fineenvs.harnesses.sandbox import run_attempt
     from tests.harnesses.scripted_engine import ScriptedEngine
     from tests.harnesses.stack import start_proxy
@@ -109,8 +109,8 @@ def _inside(args: argparse.Namespace) -> int:
     if args.drop:
         adapter_env = h.env
 
-        def env_without(**kw: Any) -> dict[str, str]:
-            return {k: v for k, v in adapter_env(**kw).items() if k not in args.drop}
+        def env_without(launch: Launch) -> dict[str, str]:
+            return {k: v for k, v in adapter_env(launch).items() if k not in args.drop}
 
         h.env = env_without  # type: ignore[method-assign]
     engine = ScriptedEngine().start()

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from fineenvs.harnesses import HARNESSES, Harness, HarnessConfigError, check_installed, get_harness
-from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, API_FORMATS, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES
+from fineenvs.harnesses.base import (
+    ANTHROPIC_MESSAGES,
+    API_FORMATS,
+    GEMINI,
+    OPENAI_CHAT,
+    OPENAI_RESPONSES,
+    Launch,
+)
 from fineenvs.harnesses.node import NODE
 
 BASE = "http://127.0.0.1:18100/s/sessKEY123"
@@ -42,14 +49,9 @@ def build(
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    h.write_config(
-        home, work, base_url=BASE, session_key=KEY, model=MODEL, api_format=fmt, step_limit=step_limit
-    )
-    env = h.env(home=home, workdir=work, base_url=BASE, session_key=KEY, model=MODEL, api_format=fmt)
-    argv = h.command(
-        "Write 42 to answer.txt", home=home, workdir=work, model=MODEL, api_format=fmt, step_limit=step_limit
-    )
-    return home, work, env, argv
+    launch = Launch(home, work, BASE, KEY, MODEL, fmt, step_limit, "Write 42 to answer.txt")
+    h.write_config(launch)
+    return home, work, h.env(launch), h.command(launch)
 
 
 def config_text(home: Path) -> str:
@@ -280,7 +282,7 @@ def test_copilot_websocket_transport_is_responses_only(tmp_path: Path) -> None:
     assert env["COPILOT_PROVIDER_TRANSPORT"] == "websockets"
     assert env["COPILOT_PROVIDER_WIRE_API"] == "responses"
     assert "COPILOT_PROVIDER_TRANSPORT" not in get_harness("copilot").env(
-        home=tmp_path, workdir=tmp_path, base_url=BASE, session_key=KEY, model=MODEL, api_format=OPENAI_CHAT
+        Launch(tmp_path, tmp_path, BASE, KEY, MODEL, OPENAI_CHAT)
     )
     with pytest.raises(HarnessConfigError, match="WebSocket transport carries Responses"):
         h.check_format(OPENAI_CHAT)

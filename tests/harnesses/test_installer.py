@@ -13,7 +13,7 @@ import pytest
 
 from fineenvs.harnesses import HARNESSES
 from fineenvs.harnesses import installer as inst
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch
 from fineenvs.harnesses.node import NODE
 from fineenvs.paths import MARKER_FILE
 
@@ -29,10 +29,10 @@ class TinyNpm(Harness):
     api_formats = (OPENAI_CHAT,)
     default_format = OPENAI_CHAT
 
-    def write_config(self, home: Path, workdir: Path, **kw: object) -> None:  # type: ignore[override]
+    def write_config(self, launch: Launch) -> None:
         pass
 
-    def command(self, task_prompt: str, **kw: object) -> list[str]:  # type: ignore[override]
+    def command(self, launch: Launch) -> list[str]:
         return [str(self.binary_path)]
 
     def warm_argv(self) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Outputs
+from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs
 from fineenvs.harnesses.sandbox import (
     ProxyStats,
     classify,
@@ -41,36 +41,15 @@ class ScriptHarness(Harness):
     def __init__(self, script: str) -> None:
         self.script = script
 
-    def write_config(
-        self,
-        home: Path,
-        workdir: Path,
-        *,
-        base_url: str,
-        session_key: str,
-        model: str,
-        api_format: str,
-        step_limit: int | None,
-    ) -> None:
-        (home / "agent.conf").write_text(f"url={base_url}\n")
+    def write_config(self, launch: Launch) -> None:
+        (launch.home / "agent.conf").write_text(f"url={launch.base_url}\n")
 
-    def command(
-        self,
-        task_prompt: str,
-        *,
-        home: Path,
-        workdir: Path,
-        model: str,
-        api_format: str,
-        step_limit: int | None = None,
-    ) -> list[str]:
+    def command(self, launch: Launch) -> list[str]:
         return ["/bin/sh", "-c", self.script]
 
-    def env(
-        self, *, home: Path, workdir: Path, base_url: str, session_key: str, model: str, api_format: str
-    ) -> dict[str, str]:
-        env = self.base_env(home)
-        env["AGENT_KEY"] = session_key
+    def env(self, launch: Launch) -> dict[str, str]:
+        env = self.base_env(launch.home)
+        env["AGENT_KEY"] = launch.session_key
         return env
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
@@ -314,7 +293,7 @@ def test_proxy_stats_failure_is_reported_not_raised(tmp_path: Path) -> None:
 
 def test_agent_that_cannot_start_is_a_crash(tmp_path: Path) -> None:
     class Missing(ScriptHarness):
-        def command(self, task_prompt: str, **kw: Any) -> list[str]:  # type: ignore[override]
+        def command(self, launch: Launch) -> list[str]:
             return [str(tmp_path / "no-such-agent")]
 
     result = run_attempt(
