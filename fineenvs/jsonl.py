@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 log = logging.getLogger("fineenvs.jsonl")
 
+JsonObject: TypeAlias = dict[str, Any]
+"""A parsed JSON object: a line of these files, an HTTP body, a wire-format message. Its values are
+untyped until the code that reads them checks them (a format's validator, a record's loader); name
+real types (dataclasses, ``TypedDict``) wherever the shape is fixed, and this where it is JSON."""
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+
+def read_jsonl(path: Path) -> list[JsonObject]:
     """Every parsed line of ``path`` (none when it does not exist); unreadable lines are skipped."""
     if not path.is_file():
         return []
