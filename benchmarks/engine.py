@@ -164,7 +164,7 @@ def run(
     models: list[str], batch_sizes: list[int], concurrency: list[int], max_tokens: int, runs: int
 ) -> list[tuple[str, float, list[Figure]]]:
     from fineenvs.engine.server import create_engine_app, serve_in_thread
-    from fineenvs.models import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     results = []
     for name in models:
@@ -278,7 +278,7 @@ def _print_throughput(models: list[str], args: argparse.Namespace) -> None:
 
 
 def _print_session(models: list[str], lengths: list[int], args: argparse.Namespace) -> None:
-    from fineenvs.models import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     print(
         f"prefix cache: time to first token along a growing session ({lengths[0]} -> {lengths[-1]} tokens, "
@@ -383,7 +383,7 @@ async def _session_http(
 def _versus(args: argparse.Namespace, lengths: list[int], concurrency: list[int]) -> list[EngineFigures]:
     import tempfile
 
-    from fineenvs.models import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     name = args.vllm_model
     model_dir = ensure_tiny_model(name)

@@ -34,7 +34,7 @@ def build_real_size(root: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, Lfm2Config, Lfm2ForCausalLM
 
-    from fineenvs.models.tiny import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     out = root / "lfm2_1b_random"
     if (out / "model.safetensors").exists():
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from fineenvs.models.tiny import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(

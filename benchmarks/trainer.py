@@ -56,6 +56,7 @@ import orjson
 
 from fineenvs.train.train_rows import TrainRow
 from fineenvs.trajectory import CallNode, RowOptions, build_session
+from fineenvs.trajectory.rows import SharedPrefix
 
 RECORDED_DIR = Path(__file__).resolve().parents[1] / "tests" / "trajectory" / "recorded"
 HARNESS_CASES = ("claude_code", "opencode", "codex", "mini_swe_agent")
@@ -162,7 +163,7 @@ def calls_to_rows(
     shared_prefix: str = "per_row",
 ) -> list[TrainRow]:
     """The trainable rows of one attempt's calls, as the rollout layer builds them."""
-    options = RowOptions(max_tokens=1 << 20, shared_prefix=shared_prefix)
+    options = RowOptions(max_tokens=1 << 20, shared_prefix=SharedPrefix(shared_prefix))
     res = build_session(calls, {"attempt": attempt_id}, options, min_calls=1)
     return [
         TrainRow.from_row(r, advantage=advantage, attempt_id=attempt_id, group_id=group_id, policy_version=0)
@@ -269,9 +270,9 @@ def measure(
     import torch
 
     torch.set_num_threads(threads)
-    from fineenvs.models import ensure_tiny_model
     from fineenvs.train.grpo import CapturedGRPOTrainer
     from fineenvs.train.grpo_config import GRPOSettings
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     rows = case_rows(case, max_prompt_tokens=max_prompt_tokens)
     settings = GRPOSettings(

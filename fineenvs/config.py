@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -21,13 +21,16 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
+from fineenvs.trajectory.rows import RowOptions
 
 if TYPE_CHECKING:
     TrainerSettings = GRPOSettings | SFTSettings
+    ChosenRecipe: TypeAlias = "RecipeSettings | None"
 else:
     # OmegaConf cannot hold a Union of dataclasses: the group's option picks the schema at compose
     # time (``defaults: [grpo_schema]``), so the field is untyped to OmegaConf only.
     TrainerSettings = Any
+    ChosenRecipe = Any  # the recipe's own schema, chosen by its option like the trainer's
 
 # The proxy's own defaults are the run config's: one source for each (fineenvs.proxy.settings).
 _PROXY = ProxySettings()
@@ -51,12 +54,12 @@ class Job(enum.Enum):
     sft = "sft"
     collect_teacher = "collect_teacher"
     eval = "eval"
-    mini_repro = "mini_repro"
+    recipe = "recipe"  # a recipe from the fineenvs.recipes plugins: recipe=<name>
 
 
 class ModelSource(enum.Enum):
     hub = "hub"  # a Hugging Face model id (needs Hub access or a local mirror)
-    tiny = "tiny"  # built locally by fineenvs.models.tiny, deterministic, offline
+    tiny = "tiny"  # built locally by the `tiny` model builder (fineenvs.models), deterministic, offline
     local = "local"  # a local directory in Hugging Face layout
 
 
@@ -106,17 +109,6 @@ class HarnessSelection(enum.Enum):
 class SandboxKind(enum.Enum):
     plain = "plain"  # fresh HOME/workdir, env from scratch, own process group, wall-clock timeout
     bwrap = "bwrap"  # plus bubblewrap: read-only root, writable attempt dir, network only to the proxy
-
-
-class SharedPrefix(enum.Enum):
-    per_row = "per_row"  # published: shared sampled tokens count once in every row holding them
-    once = "once"  # counted in the first row only
-    inverse_count = "inverse_count"  # weighted 1 / (number of rows sharing them)
-
-
-class Overlong(enum.Enum):
-    drop = "drop"
-    split = "split"
 
 
 class LoggerKind(enum.Enum):
@@ -203,8 +195,9 @@ class EngineSpec:
     across calls of an agent and the attempts of a group; 0 turns the cache off. (vLLM's own prefix
     cache is ``enable_prefix_caching``, off in the published command.)"""
     policy: str = "model"
-    """Embedded engine: ``model`` samples; ``expert`` forces the scripted expert's replies
-    (``fineenvs.engine.expert``: the CPU teacher of ``+experiment=mini_repro``)."""
+    """Embedded engine: ``model`` samples; another name forces the replies of that scripted policy
+    of the ``fineenvs.engine_policies`` plugins (``expert``: the CPU teacher of
+    ``+experiment=mini_repro``, ``fineenvs_recipes/mini_repro/teacher.py``)."""
     devices: list[str] = field(default_factory=list)
     """GPUs a launched vLLM gets (indices or UUIDs from ``nvidia-smi -L``), as its
     ``CUDA_VISIBLE_DEVICES``; empty: the last TP x DP GPUs when training (the trainer keeps the
@@ -304,17 +297,6 @@ class SchedulerSpec:
 
 
 @dataclass
-class RowsSpec:
-    shared_prefix: SharedPrefix = SharedPrefix.per_row
-    overlong: Overlong = Overlong.drop
-    drop_discarded: bool = True
-    drop_auxiliary: bool = False
-    train_constrained: bool = False
-    """Train on structured-output (grammar-masked) calls too; their logprobs are the masked
-    distribution's, so the importance ratio is biased on them (docs/concepts/proxy.md)."""
-
-
-@dataclass
 class LoggerSpec:
     kind: LoggerKind = LoggerKind.none
     mode: WandbMode = WandbMode.offline
@@ -338,127 +320,33 @@ class EvalSpec:
     """Tasks evaluated by the in-training hook every trainer.eval_steps (None: the whole split)."""
 
 
-MINI_REPRO_STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
-MINI_REPRO_RL_BATCH = 4
-"""Rows per forward/backward pass of the mini-reproduction's RL stages."""
+class Recipe(Protocol):
+    """A whole experiment built from runs of the library (``job=recipe``, ``fineenvs.jobs.recipe``)."""
+
+    def setup(self) -> None:
+        """Prepare the output folder and what a rerun resumes from."""
+        ...
+
+    def train(self) -> float | None:
+        """Run the recipe's stages; returns the sweep objective when there is one."""
+        ...
+
+    def cleanup(self) -> None:
+        """Release what ``setup`` and ``train`` hold, also when they failed or were interrupted."""
+        ...
 
 
-@dataclass
-class MiniReproSpec:
-    """``job=mini_repro``: the stages of the CPU learning mini-reproduction (``fineenvs.jobs.mini_repro``).
+class RecipeSettings(Protocol):
+    """A recipe's settings (``job=recipe recipe=<name>``): its Hydra schema, registered from the
+    ``fineenvs.recipes`` plugins under ``<name>_schema`` in the ``recipe`` group."""
 
-    Each stage is its own run of ``python -m fineenvs.run`` in ``<output_dir>/<stage>``; a stage
-    whose ``STAGE_DONE`` file exists is skipped, so a rerun resumes."""
+    def problems(self, run: RunConfig) -> list[str]:
+        """Every bad knob or combination with the rest of the run, each with its fix."""
+        ...
 
-    stages: list[str] = field(default_factory=lambda: list(MINI_REPRO_STAGES))
-    harnesses: list[str] = field(default_factory=lambda: ["pi", "mini_swe_agent", "opencode"])
-    """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
-    base_harness: str = "pi"
-    """The harness the base is mostly trained in (all its training tasks; see ``base_sees_mix``) and
-    RL'd in alone.
-    Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
-    reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
-    learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
-    teacher_tasks: int | None = None
-    """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
-    base_mix_tasks: int = 24
-    """Training tasks of each other harness of the mix whose teacher rollouts the base also trains
-    on (with ``base_sees_mix``; long prompts are costly on CPU)."""
-    base_sees_mix: bool = True
-    """The base's SFT data: the base harness's rollouts plus ``base_mix_tasks`` rollouts of each
-    other harness (True), or the base harness's alone (False). With False the 4-layer student solves
-    nothing outside the base harness, so RL across the mix has signal in one harness only."""
-    sft_mix_tasks: int = 24
-    """Teacher rollouts per harness of the SFT-on-the-mix baseline (``sft_mix``): those of the first
-    ``sft_mix_tasks`` training tasks of every harness. In the other harnesses of the mix they are
-    held out of the base's data, so the baseline learns from rollouts its starting point never saw,
-    as the published SFT baseline does (the teacher attempts ``sft_mix_tasks + base_mix_tasks`` tasks
-    there); in the base harness see ``hold_out_base_harness``. Held out only when the ``sft_mix``
-    stage runs. Trained on rollouts the base had seen, at the base's learning rate, it fell below
-    its base (the results: experiments/mini_repro/results/)."""
-    hold_out_base_harness: bool = False
-    """Hold the base harness's ``sft_mix_tasks`` rollouts out of the base too. Off: the base trains
-    on all of them and the SFT baseline's base-harness share is rollouts the base saw. Holding them
-    out looked costly to the base, though the bases' spread between seeds is about as wide
-    (experiments/mini_repro/results/)."""
-    sft_mix_epochs: float = 1.0
-    sft_mix_learning_rate: float = 3.0e-4
-    """A tenth of the base's: one more epoch at the base's 3e-3 undid part of the base, at 3e-4 the
-    same data lifted it (experiments/mini_repro/results/)."""
-    base_epochs: float = 2.0
-    sft_learning_rate: float = 3.0e-3
-    sft_gradient_accumulation: int = 2
-    """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
-    rl_steps: int = 12
-    rl_learning_rate: float = 1.0e-4
-    """With 24 rows per step, the learning test's setting (experiments/mini_repro/README.md). At 3e-4
-    with 16 rows RL sometimes traded one question template for another."""
-    rl_max_groups_per_step: int | None = 12
-    """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
-    drawn, with the signal groups it has (None: only when its batch is full, with which a base that
-    never solves a template can stall a step for good)."""
-    group_size: int = 8
-    rl_rows_per_step: int = 24
-    """Rows (attempts; one per attempt in Pi) per GRPO step of the RL stages, a multiple of 4 (the
-    per-device batch): three groups of 8, so a step usually sees every template (smaller steps:
-    experiments/mini_repro/results/)."""
-    eval_tasks: int | None = 36
-    """Held-out eval-split tasks per harness in the final matrix (None: all 216). On 18 an RL gain
-    seen on 36 was lost in the noise (experiments/mini_repro/results/)."""
-    eval_every: int = 6
-    """RL steps between in-training evaluations (pass@1 over steps); above rl_steps: none."""
-    eval_tasks_during_training: int = 12
-    """Held-out tasks per harness in each in-training evaluation."""
-    overrides: list[str] = field(default_factory=list)
-    """Extra Hydra overrides given to every stage, after the recipe's ``seed`` (on the command line
-    quoted: ``mini_repro.overrides=['sampling.temperature=1.0']``)."""
-
-    def problems(self) -> list[str]:
-        """Every bad knob, each with the fix (``validate`` reports them at compose time)."""
-        p: list[str] = []
-        unknown = [s for s in self.stages if s not in MINI_REPRO_STAGES]
-        if unknown or not self.stages:
-            p.append(
-                f"mini_repro.stages has {unknown or 'nothing'}; choose from {list(MINI_REPRO_STAGES)} (in order)"
-            )
-        if self.rl_rows_per_step < MINI_REPRO_RL_BATCH or self.rl_rows_per_step % MINI_REPRO_RL_BATCH:
-            p.append(
-                f"mini_repro.rl_rows_per_step={self.rl_rows_per_step}: the RL stages train {MINI_REPRO_RL_BATCH} rows per "
-                f"pass and accumulate whole passes into a step. Fix: a multiple of {MINI_REPRO_RL_BATCH}, e.g. 8 or 16"
-            )
-        if self.sft_mix_tasks < 1 or self.base_mix_tasks < 1:
-            p.append(
-                f"mini_repro.sft_mix_tasks={self.sft_mix_tasks}, base_mix_tasks={self.base_mix_tasks}: each is a number of "
-                "training tasks per harness and must be >= 1. Fix: the defaults, 24 each (to drop the SFT "
-                "baseline, leave sft_mix out of mini_repro.stages; to train the base on one harness, "
-                "mini_repro.base_sees_mix=false)"
-            )
-        if "sft_mix" in self.stages and self.teacher_tasks is not None:
-            if self.hold_out_base_harness and self.teacher_tasks <= self.sft_mix_tasks:
-                p.append(
-                    f"mini_repro.teacher_tasks={self.teacher_tasks} leaves the base no {self.base_harness} rollouts: the "
-                    f"first sft_mix_tasks={self.sft_mix_tasks} are held out for the sft_mix stage "
-                    "(hold_out_base_harness). Fix: teacher_tasks above sft_mix_tasks, or null (the whole train split)"
-                )
-            if self.teacher_tasks < self.sft_mix_tasks:
-                p.append(
-                    f"mini_repro.teacher_tasks={self.teacher_tasks} is below sft_mix_tasks={self.sft_mix_tasks}: the sft_mix "
-                    f"stage trains on the teacher's first {self.sft_mix_tasks} {self.base_harness} rollouts. Fix: "
-                    "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
-                )
-        if self.base_harness not in self.harnesses:
-            p.append(
-                f"mini_repro.base_harness={self.base_harness} is not in mini_repro.harnesses={self.harnesses}: the base "
-                "is evaluated in every harness of the mix. Fix: add it to mini_repro.harnesses"
-            )
-        seeded = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") == "seed"]
-        if seeded:
-            p.append(
-                f"mini_repro.overrides has {seeded}: the recipe's own seed goes to every stage, and an override "
-                "after it would win silently (in a seed sweep, every job would run at that one seed). "
-                "Fix: seed=<n> on the recipe's command line"
-            )
-        return p
+    def recipe(self, run: RunConfig) -> Recipe:
+        """The recipe that runs with these settings."""
+        ...
 
 
 @dataclass
@@ -479,10 +367,12 @@ class RunConfig:
     trainer: TrainerSettings = MISSING
     """GRPOSettings (trainer=grpo) or SFTSettings (trainer=sft)."""
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    rows: RowsSpec = field(default_factory=RowsSpec)
+    rows: RowOptions = field(default_factory=RowOptions)
     logger: LoggerSpec = field(default_factory=LoggerSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
-    mini_repro: MiniReproSpec = field(default_factory=MiniReproSpec)
+    recipe: ChosenRecipe = None
+    """``job=recipe``: the recipe's own settings (``recipe=<name>``: its option in ``conf/recipe/``,
+    schema from the ``fineenvs.recipes`` plugins; ``recipe=mini_repro``: the mini-reproduction)."""
 
 
 def register_configs() -> None:
@@ -499,6 +389,24 @@ def register_configs() -> None:
     cs.store(group="trainer", name="sft_schema", node=SFTSettings)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerSpec)
     cs.store(group="logger", name="logger_schema", node=LoggerSpec)
+    _register_recipes(cs)
+
+
+def _register_recipes(cs: ConfigStore) -> None:
+    """Each installed recipe's settings schema, as ``recipe/<name>_schema``. A recipe that does not
+    load is skipped with a warning, so one broken plugin does not stop runs that do not use it;
+    ``recipe=<name>`` then fails to compose, naming the option."""
+    import warnings
+
+    from fineenvs.plugins import RECIPES, PluginError, load_plugin, plugin_names
+
+    for name in plugin_names(RECIPES):
+        try:
+            schema = load_plugin(RECIPES, name)
+        except PluginError as err:
+            warnings.warn(str(err), stacklevel=2)
+            continue
+        cs.store(group="recipe", name=f"{name}_schema", node=schema)
 
 
 register_configs()
@@ -537,8 +445,8 @@ def validate(run: RunConfig) -> None:
     problems += _check_engine(run)
     problems += _check_proxy(run)
     problems += _check_reward(run)
-    if run.job is Job.mini_repro:
-        problems += run.mini_repro.problems()
+    problems += _check_rows(run)
+    problems += _check_recipe(run)
     if problems:
         raise ConfigError(problems)
 
@@ -713,7 +621,7 @@ def _check_engine(run: RunConfig) -> list[str]:
             "engine.weight_sync=nccl broadcasts GPU to GPU, but engine.platform=cpu. Fix: "
             "engine.weight_sync=file_transfer (the same weight-transfer routes, the tensors in a file) or reload"
         )
-    if run.job in (Job.rl, Job.mini_repro) and e.parity_gate and e.parity_tolerance is None:
+    if run.job in (Job.rl, Job.recipe) and e.parity_gate and e.parity_tolerance is None:
         from fineenvs.engine.parity import UNIT_ROUNDOFF
 
         for what, dtype in (("the engine's dtype", engine_dtype(run)), ("trainer.dtype", run.trainer.dtype)):
@@ -737,18 +645,8 @@ def _check_engine(run: RunConfig) -> list[str]:
         out.append(
             "engine.cpu_threads_bind is empty. Fix: engine.cpu_threads_bind=auto (or a core list: 0-3)"
         )
-    if e.policy not in ("model", "expert"):
-        out.append(f"engine.policy is {e.policy!r}: choose model (sample) or expert (the scripted teacher).")
-    elif e.policy == "expert" and (e.kind is not EngineKind.transformers or e.url):
-        out.append(
-            "engine.policy=expert is the embedded engine's scripted teacher: it needs engine=transformers "
-            "launched here (no engine.url). Fix: engine=transformers engine.url=null"
-        )
-    elif e.policy == "expert" and run.job is Job.rl:
-        out.append(
-            "engine.policy=expert forces scripted replies, so RL would train on tokens the policy did not "
-            "sample. Fix: use it for job=collect_teacher (or eval), engine.policy=model for RL"
-        )
+    if e.policy != "model":
+        out += _check_scripted_policy(run)
     if e.tensor_parallel_size < 1 or e.data_parallel_size < 1:
         out.append("engine.tensor_parallel_size and engine.data_parallel_size must be >= 1.")
     if not 0.0 < e.gpu_memory_utilization <= 1.0:
@@ -797,3 +695,63 @@ def _check_reward(run: RunConfig) -> list[str]:
             "Fix: reward.terms.correctness=1.0"
         )
     return out
+
+
+def _check_scripted_policy(run: RunConfig) -> list[str]:
+    from fineenvs.plugins import ENGINE_POLICIES, plugin_names
+
+    e = run.engine
+    names = plugin_names(ENGINE_POLICIES)
+    if e.policy not in names:
+        return [
+            f"engine.policy is {e.policy!r}: choose model (sample) or a scripted policy of the "
+            f"fineenvs.engine_policies plugins ({', '.join(names) or 'none installed'}; expert is the "
+            "mini-reproduction's teacher, installed with the project: pip install -e .)."
+        ]
+    if e.kind is not EngineKind.transformers or e.url:
+        return [
+            f"engine.policy={e.policy} is a scripted policy of the embedded engine: it needs "
+            "engine=transformers launched here (no engine.url). Fix: engine=transformers engine.url=null"
+        ]
+    if run.job is Job.rl:
+        return [
+            f"engine.policy={e.policy} forces scripted replies, so RL would train on tokens the policy did "
+            "not sample. Fix: use it for job=collect_teacher (or eval), engine.policy=model for RL"
+        ]
+    return []
+
+
+def _check_recipe(run: RunConfig) -> list[str]:
+    from fineenvs.plugins import RECIPES, plugin_names
+
+    if run.job is not Job.recipe:
+        return []
+    if run.recipe is None:
+        return [
+            "job=recipe runs a recipe, and none is chosen. Fix: recipe=<name>, one of "
+            f"{', '.join(plugin_names(RECIPES)) or 'none installed'} (or +experiment=mini_repro)"
+        ]
+    problems: list[str] = run.recipe.problems(run)
+    return problems
+
+
+def _check_rows(run: RunConfig) -> list[str]:
+    r, t = run.rows, run.trainer
+    try:
+        r.check()
+    except ValueError as err:
+        return [str(err).replace("RowOptions.", "rows.")]
+    budget = (
+        t.token_budget
+        if isinstance(t, GRPOSettings)
+        else t.max_length
+        if isinstance(t, SFTSettings)
+        else None
+    )
+    if r.max_tokens is not None and budget is not None and r.max_tokens > budget:
+        key = "trainer.token_budget" if isinstance(t, GRPOSettings) else "trainer.max_length"
+        return [
+            f"rows.max_tokens={r.max_tokens} is above {key}={budget}: the trainer cannot take a row that long. "
+            f"Fix: rows.max_tokens at most {budget}, or null (the trainer's budget)"
+        ]
+    return []

@@ -110,9 +110,9 @@ def model_serving_path(run: RunConfig) -> str:
     """What vLLM loads: the Hub id or directory; a tiny model's built directory."""
     m = run.model
     if m.source is ModelSource.tiny:
-        from fineenvs.models.tiny import tiny_model_path
+        from fineenvs.models import model_builder
 
-        return str(tiny_model_path(m.path, seed=m.seed))
+        return str(model_builder().path(m.path, seed=m.seed))
     return m.path
 
 
@@ -217,65 +217,90 @@ def _kv(obj: Any, indent: str = "    ") -> list[str]:
 
 def describe_plan(run: RunConfig) -> str:
     """Human-readable resolved plan: what would start, with which settings, and where outputs go."""
-    out: list[str] = []
     title = run.experiment or "(no experiment)"
-    out.append(f"fineenvs plan: job={run.job.value} experiment={title}")
-    out.append(f"  output dir: {run.output_dir}")
+    out = [f"fineenvs plan: job={run.job.value} experiment={title}", f"  output dir: {run.output_dir}"]
     m = run.model
     out.append(f"  model: {m.name} ({m.source.value}: {m.path}{'@' + m.revision if m.revision else ''})")
     out.append(
         f"    family={m.family.value} tool_call_parser={m.tool_call_parser} chat_template={m.chat_template}"
     )
+    out += _engine_lines(run)
+    out += _rollout_lines(run)
+    out += _training_lines(run)
+    if run.job is Job.eval:
+        ev = run.eval
+        out.append(
+            f"  eval: split={ev.split} checkpoints={ev.checkpoints or [m.path]} concurrency={ev.concurrency}"
+        )
+    if run.recipe is not None:
+        out.append(f"  recipe: {type(run.recipe).__name__}")
+        out += _kv(run.recipe)
+    return "\n".join(out)
+
+
+def _engine_lines(run: RunConfig) -> list[str]:
+    """What serves: the engine attached to or launched, its command and the weight sync."""
     e = run.engine
     sync = effective_weight_sync(run).value
     if e.url:
-        out.append(f"  engine: {e.kind.value}, attach to {e.url} (weight sync: {sync})")
+        out = [f"  engine: {e.kind.value}, attach to {e.url} (weight sync: {sync})"]
     elif e.kind is EngineKind.vllm:
-        out.append(f"  engine: vllm, launched (weight sync: {sync}); serve command:")
-        try:
-            args = vllm_args(run)
-            out.append("    " + shlex.join(vllm_command(run)))
-        except (ImportError, ValueError) as err:
-            out.append(f"    (serve command unavailable: {err})")
-        else:
-            if e.port == 0:
-                out.append("    (--port 0: a free port is picked at launch)")
-            if args.template_path is not None and args.chat_template is None:
-                out.append(
-                    f"    chat template: {args.template_path}, written at launch (the "
-                    f"{args.resolved_family.value} template from TRL, patched to not think)"
-                )
-            out.append(f"    vLLM: {args.python or 'vllm from PATH'}")
-            if args.platform == "cpu":
-                out.append(
-                    f"    platform: cpu (vLLM's CPU build; {'engine.platform=cpu' if e.platform.value == 'cpu' else 'no NVIDIA GPU visible'}): "
-                    f"VLLM_CPU_KVCACHE_SPACE={args.cpu_kvcache_gib} GiB, VLLM_CPU_OMP_THREADS_BIND={args.cpu_threads_bind}, "
-                    f"{'eager' if args.eager else 'compiled (torch.compile, cached across runs)'}"
-                )
-            else:
-                try:
-                    devices = device_plan(run)
-                except ValueError as err:
-                    out.append(f"    platform: cuda; GPUs: cannot split them: {err}")
-                else:
-                    out.append(f"    platform: cuda; GPUs: {devices.reason if devices else 'none launched'}")
-    if e.kind is EngineKind.vllm or e.url:
-        out.append(f"    weight sync: {weight_sync_reason(run)}")
+        out = [f"  engine: vllm, launched (weight sync: {sync}); serve command:", *_vllm_lines(run)]
     else:
-        dtype = e.dtype or m.dtype
-        out.append(
+        dtype = e.dtype or run.model.dtype
+        return [
             f"  engine: transformers (embedded), launched as a child process on {e.host}, "
             f"dtype={dtype}, weight sync: {sync}"
+        ]
+    out.append(f"    weight sync: {weight_sync_reason(run)}")
+    return out
+
+
+def _vllm_lines(run: RunConfig) -> list[str]:
+    """A launched vLLM: its command line, template, environment and devices."""
+    e = run.engine
+    try:
+        args = vllm_args(run)
+        out = ["    " + shlex.join(vllm_command(run))]
+    except (ImportError, ValueError) as err:
+        return [f"    (serve command unavailable: {err})"]
+    if e.port == 0:
+        out.append("    (--port 0: a free port is picked at launch)")
+    if args.template_path is not None and args.chat_template is None:
+        out.append(
+            f"    chat template: {args.template_path}, written at launch (the "
+            f"{args.resolved_family.value} template from TRL, patched to not think)"
         )
-    p = run.proxy
-    out.append(
-        f"  proxy: {p.host}:{p.port or 'free port'} admin_key={'set' if p.admin_key else 'unset'} "
-        f"max_model_calls={p.max_model_calls} workers={p.workers} "
-        f"store={p.store_dir or str(run.output_dir) + '/records'}"
-    )
-    out.append(f"  harnesses ({len(run.harness)}):")
+    out.append(f"    vLLM: {args.python or 'vllm from PATH'}")
+    if args.platform == "cpu":
+        why = "engine.platform=cpu" if e.platform.value == "cpu" else "no NVIDIA GPU visible"
+        out.append(
+            f"    platform: cpu (vLLM's CPU build; {why}): "
+            f"VLLM_CPU_KVCACHE_SPACE={args.cpu_kvcache_gib} GiB, VLLM_CPU_OMP_THREADS_BIND={args.cpu_threads_bind}, "
+            f"{'eager' if args.eager else 'compiled (torch.compile, cached across runs)'}"
+        )
+        return out
+    try:
+        devices = device_plan(run)
+    except ValueError as err:
+        out.append(f"    platform: cuda; GPUs: cannot split them: {err}")
+    else:
+        out.append(f"    platform: cuda; GPUs: {devices.reason if devices else 'none launched'}")
+    return out
+
+
+def _rollout_lines(run: RunConfig) -> list[str]:
+    """Where the agents run: the proxy, each harness's pinned CLI and format, the tasks, sampling
+    and the reward."""
     from fineenvs.harnesses import HARNESSES
 
+    p = run.proxy
+    out = [
+        f"  proxy: {p.host}:{p.port or 'free port'} admin_key={'set' if p.admin_key else 'unset'} "
+        f"max_model_calls={p.max_model_calls} workers={p.workers} "
+        f"store={p.store_dir or str(run.output_dir) + '/records'}",
+        f"  harnesses ({len(run.harness)}):",
+    ]
     for name, h in run.harness.items():
         step = f" step_limit={h.step_limit}" if h.step_limit else ""
         adapter = HARNESSES.get(name)
@@ -298,6 +323,11 @@ def describe_plan(run: RunConfig) -> str:
     out.append(
         f"  reward: {terms} tool_budget={r.tool_budget} verified_tool_count={r.require_verified_tool_count}"
     )
+    return out
+
+
+def _training_lines(run: RunConfig) -> list[str]:
+    """The trainer, the scheduler, the rows and the logger, setting by setting."""
     tr = run.trainer
     kind = (
         "grpo"
@@ -306,23 +336,13 @@ def describe_plan(run: RunConfig) -> str:
         if isinstance(tr, SFTSettings)
         else type(tr).__name__
     )
-    out.append(f"  trainer: {kind}")
-    out += _kv(tr)
-    out.append("  scheduler:")
-    out += _kv(run.scheduler)
-    out.append("  rows:")
-    out += _kv(run.rows)
+    out = [f"  trainer: {kind}", *_kv(tr), "  scheduler:", *_kv(run.scheduler), "  rows:", *_kv(run.rows)]
     lg = run.logger
     out.append(
         f"  logger: {lg.kind.value}"
         + (f" mode={lg.mode.value} project={lg.project}" if lg.kind.value == "wandb" else "")
     )
-    if run.job is Job.eval:
-        ev = run.eval
-        out.append(
-            f"  eval: split={ev.split} checkpoints={ev.checkpoints or [m.path]} concurrency={ev.concurrency}"
-        )
-    return "\n".join(out)
+    return out
 
 
 def preflight(run: RunConfig) -> list[str]:
@@ -385,9 +405,9 @@ def model_config_dict(run: RunConfig) -> dict[str, Any] | None:
     a local directory's; None for a Hub id (nothing is downloaded to look)."""
     m = run.model
     if m.source is ModelSource.tiny:
-        from fineenvs.models.tiny import tiny_model_config
+        from fineenvs.models import model_builder
 
-        return tiny_model_config(m.path)
+        return model_builder().config(m.path)
     path = Path(m.path).expanduser() / "config.json"
     if path.is_file():
         import json

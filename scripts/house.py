@@ -32,8 +32,10 @@ SCAFFOLDING = (
     "models/tiny.py",
     "models/agent_corpus.py",
     "models/corpus.py",
+    "models/templates.py",
     "jobs/mini_repro.py",
     "engine/expert.py",
+    "bench/",
 )
 SEAMS = (
     ("fineenvs/jobs/builders.py", "start_engine"),
@@ -300,9 +302,7 @@ def run_history() -> Measure:
     )
 
 
-_SECTIONS = (
-    "job|model|engine|proxy|harness|tasks|sampling|reward|trainer|scheduler|rows|logger|eval|mini_repro"
-)
+_SECTIONS = "job|model|engine|proxy|harness|tasks|sampling|reward|trainer|scheduler|rows|logger|eval|recipe"
 _NAMES_A_SETTING = re.compile(rf"\b(?:{_SECTIONS})(?:\.[a-z_]+)+\b|\bjob=")
 
 

@@ -5,7 +5,7 @@ A read is an attribute access on a value known to be a config section: ``<expr>.
 (``run.trainer.learning_rate``), ``name.<key>`` where ``name`` was bound to a section in the same
 function (``t = run.trainer``, ``t, s = run.trainer, run.scheduler``, ``for n, h in
 run.harness.items()``, ``run.harness[n].weight``) or annotated with its spec class (``m:
-MiniReproSpec``), ``self.<attr>`` where the class annotates ``attr`` with a spec class
+MiniReproSettings``), ``self.<attr>`` where the class annotates ``attr`` with a spec class
 (``settings: GRPOSettings``), and ``run.<key>`` for the top-level keys. Passing the whole config somewhere
 (``asdict(run)`` into the logger's run config) reads nothing, and neither does showing a key:
 printing or logging it, naming it in an error, or rendering the printed plan (``describe_plan``).
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from fineenvs import config as C
 from fineenvs.paths import REPO_ROOT
+from fineenvs_recipes.mini_repro.settings import MiniReproSettings
 
 SECTIONS: dict[str, tuple[type, ...]] = {
     "model": (C.ModelSpec,),
@@ -31,10 +32,10 @@ SECTIONS: dict[str, tuple[type, ...]] = {
     "reward": (C.RewardSpec,),
     "trainer": (C.GRPOSettings, C.SFTSettings),
     "scheduler": (C.SchedulerSpec,),
-    "rows": (C.RowsSpec,),
+    "rows": (C.RowOptions,),
     "logger": (C.LoggerSpec,),
     "eval": (C.EvalSpec,),
-    "mini_repro": (C.MiniReproSpec,),
+    "recipe": (MiniReproSettings,),
 }
 TOP = tuple(f.name for f in dataclasses.fields(C.RunConfig) if f.name not in SECTIONS)
 _CLASS_SECTION = {cls.__name__: name for name, classes in SECTIONS.items() for cls in classes}
@@ -179,13 +180,16 @@ class _Scope(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def config_reads(package: Path = REPO_ROOT / "fineenvs") -> set[tuple[str, str]]:
-    """(section, key) pairs the package reads; section "" for the top-level keys."""
+def config_reads(*packages: Path) -> set[tuple[str, str]]:
+    """(section, key) pairs the packages read (default: the library and its recipes, whose settings
+    are the ``recipe`` section); section "" for the top-level keys. The modules that only declare
+    and validate the keys (the library's ``config.py``, a recipe's ``settings.py``) do not count."""
     reads: set[tuple[str, str]] = set()
-    for path in sorted(package.rglob("*.py")):
-        if path.name == "config.py" and path.parent == package:
-            continue
-        _Scope(reads).visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    for package in packages or (REPO_ROOT / "fineenvs", REPO_ROOT / "fineenvs_recipes"):
+        for path in sorted(package.rglob("*.py")):
+            if (path.name == "config.py" and path.parent == package) or path.name == "settings.py":
+                continue
+            _Scope(reads).visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     return reads
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.models import TINY_MODELS, ensure_tiny_model
+from fineenvs_recipes.tiny import TINY_MODELS, ensure_tiny_model
 
 TINY_MODEL_NAMES = tuple(TINY_MODELS)
 

@@ -367,3 +367,31 @@ def test_greedy_evaluation_composes_but_greedy_training_is_refused() -> None:
     assert run.sampling.temperature == 0.0 and run.trainer.temperature == 0.0
     with pytest.raises(ConfigError, match=r"trainer.temperature=0.0 must be > 0"):
         load("+experiment=smoke", "sampling=greedy")
+
+
+def test_plugins_named_by_the_config_are_checked_at_compose_time() -> None:
+    """Scripted policies and recipes are found by name (fineenvs/plugins.py); an unknown name, or a
+    job=recipe without a recipe, fails composition with the installed names and the fix."""
+    problems = _problems("+experiment=collect_teacher", "engine.policy=oracle")
+    assert any("engine.policy is 'oracle'" in p and "expert" in p for p in problems), problems
+    problems = _problems("+experiment=smoke", "engine.policy=expert")
+    assert any("RL would train on tokens the policy did not sample" in p for p in problems), problems
+    problems = _problems("+experiment=smoke", "job=recipe")
+    assert any("job=recipe runs a recipe, and none is chosen" in p and "mini_repro" in p for p in problems)
+    with pytest.raises(ConfigCompositionException, match="recipe"):
+        load("+experiment=smoke", "job=recipe", "recipe=no_such_recipe")
+
+
+def test_a_tiny_model_comes_from_the_model_builder_plugin() -> None:
+    """The library reaches the tiny models only through the ``tiny`` entry point, whose object is
+    the scaffolding's builder (the serving and training code imports neither)."""
+    from fineenvs.models import model_builder
+    from fineenvs_recipes.tiny import BUILDER, TINY_MODELS
+
+    builder = model_builder()
+    assert builder is BUILDER and builder.names() == sorted(TINY_MODELS)
+    assert builder.config("tiny_qwen")["model_type"] == "qwen3"
+    run = load("+experiment=smoke", "output_dir=/tmp/fineenvs-x")
+    from fineenvs.plan import model_serving_path
+
+    assert model_serving_path(run) == str(builder.path("tiny_qwen", seed=run.model.seed))

@@ -68,7 +68,7 @@ def _starting_options() -> set[Path]:
         CONF_DIR / group / f"{name}.yaml"
         for entry in picked
         for group, name in entry.items()
-        if "/" not in group and not group.startswith("override")
+        if "/" not in group and not group.startswith("override") and name is not None  # `recipe: null`
     }
 
 

@@ -103,7 +103,7 @@ def test_the_scan_does_not_count_display_or_validation(tmp_path: Any) -> None:
         "    x = {n: h.weight for n, h in run.harness.items()}\n"
         "    if s.passes < 1:\n        raise ValueError(f'{t.epsilon}')\n"
         "    return t.beta, run.harness['pi'].step_limit, run.seed\n"
-        "def g(m: 'MiniReproSpec'):\n    return m.rl_steps\n"
+        "def g(m: 'MiniReproSettings'):\n    return m.rl_steps\n"
     )
     reads = config_reads(pkg)
     assert reads == {
@@ -112,7 +112,7 @@ def test_the_scan_does_not_count_display_or_validation(tmp_path: Any) -> None:
         ("harness", "step_limit"),
         ("scheduler", "passes"),
         ("", "seed"),
-        ("mini_repro", "rl_steps"),
+        ("recipe", "rl_steps"),
     }
 
 

@@ -58,9 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--policy",
         default="model",
-        choices=("model", "expert"),
-        help="model: sample from the model (default); expert: force the scripted expert's replies "
-        "(fineenvs.engine.expert, the mini-reproduction's teacher)",
+        help="model: sample from the model (default); or the name of a scripted policy whose replies "
+        "are forced (the fineenvs.engine_policies plugins: expert, the mini-reproduction's teacher)",
     )
     serve.add_argument(
         "--prefix-cache-mib",
@@ -91,17 +90,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve_model(model: str, seed: int = 0) -> Path:
     """A tiny model name -> its built directory; otherwise an existing local directory."""
-    from fineenvs.models import TINY_MODELS, ensure_tiny_model
-
-    if model in TINY_MODELS:
-        return ensure_tiny_model(model, seed)
     path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise SystemExit(
-            f"--model {model!r} is neither a tiny model ({', '.join(TINY_MODELS)}) nor a local Hugging Face "
-            "model directory with a config.json (nothing is downloaded: point it at a local copy)"
-        )
-    return path
+    if (path / "config.json").is_file():
+        return path
+    from fineenvs.models import model_builder
+
+    builder = model_builder()
+    if model in builder.names():
+        return builder.ensure(model, seed)
+    raise SystemExit(
+        f"--model {model!r} is neither a tiny model ({', '.join(builder.names())}) nor a local Hugging Face "
+        "model directory with a config.json (nothing is downloaded: point it at a local copy)"
+    )
 
 
 def _is_tiny(model_dir: Path) -> bool:
@@ -157,12 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model, args.seed)
     import torch
 
-    from fineenvs.models import TINY_MODELS
-
     # A tiny model's ops are too small to split: extra intra-op threads only spin, and on a
     # shared 2-core machine they made decoding ~10x slower (12 vs 120 tokens/s measured). A
     # checkpoint trained from a tiny model (SFT, RL) is just as small: its config says so.
-    threads = args.threads or (1 if args.model in TINY_MODELS or _is_tiny(model_dir) else None)
+    threads = args.threads or (1 if _is_tiny(model_dir) else None)
     if threads:
         torch.set_num_threads(threads)
     name = args.served_model_name or args.model

@@ -24,10 +24,10 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
@@ -288,13 +288,32 @@ class EngineState:
         self.tool_call_format = tool_call_format
         self.enable_test_hooks = enable_test_hooks
         self.worker = _Worker(generator, max_batch_size)
-        self.policy = "model"  # or "expert": the scripted teacher's replies are forced
+        self.scripted: ScriptedPolicy | None = None  # None: sample from the model
         self.pending = 0
         self.created = int(time.time())
         self.weights_updated_at: float | None = None
         self.structured_whitespace = "compact"
         """JSON structured output: no whitespace between tokens (vLLM's ``disable_any_whitespace``),
         or ``flexible``; see ``fineenvs.engine.constrained``."""
+
+
+ScriptedPolicy: TypeAlias = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, ToolCallFormat], str]
+"""A policy whose replies the engine forces instead of sampling: (messages, the offered tools or
+None, the served model's tool-call format) -> the assistant's whole reply in that format. The reply
+is then decoded through the normal path, so ids, logprobs and parsed tool calls are the served
+model's own."""
+
+
+def load_scripted_policy(name: str) -> ScriptedPolicy:
+    """The scripted policy ``name`` of the ``fineenvs.engine_policies`` plugins."""
+    from fineenvs.plugins import ENGINE_POLICIES, load_plugin
+
+    policy = load_plugin(ENGINE_POLICIES, name)
+    if not callable(policy):
+        raise TypeError(
+            f"the engine policy {name!r} is a {type(policy).__name__}, not a callable ScriptedPolicy"
+        )
+    return cast(ScriptedPolicy, policy)
 
 
 def _infer_tool_call_format(config: Any) -> ToolCallFormat:
@@ -330,10 +349,8 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     forced: tuple[int, ...] = ()
     if state.enable_test_hooks and req.forced_completion_prefix:
         forced = tuple(state.generator.encode(req.forced_completion_prefix))
-    if state.policy == "expert":
-        from fineenvs.engine.expert import expert_reply
-
-        text = expert_reply(
+    if state.scripted is not None:
+        text = state.scripted(
             req.messages, req.tools if req.tool_choice != "none" else None, state.tool_call_format
         )
         # The reply, then end of turn: decoded through the normal path, so ids, logprobs and
@@ -691,11 +708,11 @@ def create_engine_app(
     ``tool_call_format`` defaults to the model's (tiny models record it; otherwise inferred
     from the architecture). ``max_batch_size=1`` serialises generation completely. ``device``
     defaults to the CPU (``"cuda"`` serves a single GPU). ``enable_test_hooks`` honours the
-    request field ``forced_completion_prefix`` (tests only; never in production). ``policy="expert"``
-    forces the scripted expert's reply (``fineenvs.engine.expert``) instead of sampling.
+    request field ``forced_completion_prefix`` (tests only; never in production). ``policy`` other
+    than ``"model"`` names a ``ScriptedPolicy`` of the ``fineenvs.engine_policies`` plugins whose
+    replies are forced instead of sampled (``expert``: the mini-reproduction's teacher).
     """
-    if policy not in ("model", "expert"):
-        raise ValueError(f"policy={policy!r}: choose 'model' (sample) or 'expert' (the scripted teacher)")
+    scripted = None if policy == "model" else load_scripted_policy(policy)
     if max_queue < 1:
         raise ValueError(f"max_queue must be >= 1, got {max_queue}")
     if max_batch_size < 1:
@@ -741,7 +758,7 @@ def create_engine_app(
         ],
         lifespan=lifespan,
     )
-    state.policy = policy
+    state.scripted = scripted
     app.state.engine = state
     return app
 

@@ -1,4 +1,4 @@
-"""Job dispatch: ``job=rl|sft|collect_teacher|eval|mini_repro`` → the function that runs it."""
+"""Job dispatch: ``job=rl|sft|collect_teacher|eval|recipe`` → the function that runs it."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def _runner(job: Job) -> Callable[[RunConfig], float | None]:
         from fineenvs.jobs.sft import run_sft
 
         return run_sft
-    if job is Job.mini_repro:
-        from fineenvs.jobs.mini_repro import run_mini_repro
+    if job is Job.recipe:
+        from fineenvs.jobs.recipe import run_recipe
 
-        return run_mini_repro
+        return run_recipe
     from fineenvs.jobs.eval import run_eval
 
     return run_eval

@@ -28,9 +28,9 @@ def resolve_model_dir(run: RunConfig) -> Path:
     """Where the trainer (and the embedded engine) load the policy from."""
     m = run.model
     if m.source is ModelSource.tiny:
-        from fineenvs.models.tiny import ensure_tiny_model
+        from fineenvs.models import model_builder
 
-        return ensure_tiny_model(m.path, seed=m.seed)
+        return model_builder().ensure(m.path, seed=m.seed)
     return Path(m.path)
 
 
@@ -203,13 +203,6 @@ def attempt_settings(
 
 
 def row_options(run: RunConfig, max_tokens: int) -> RowOptions:
-    """How recorded calls become training rows (``rows.*``), cut at ``max_tokens`` per row."""
-    r = run.rows
-    return RowOptions(
-        max_tokens=max_tokens,
-        overlong=r.overlong.value,
-        shared_prefix=r.shared_prefix.value,
-        drop_discarded=r.drop_discarded,
-        drop_auxiliary=r.drop_auxiliary,
-        train_constrained=r.train_constrained,
-    )
+    """How recorded calls become training rows: ``rows.*``, with the trainer's ``max_tokens`` per row
+    where ``rows.max_tokens`` is null."""
+    return replace(run.rows, max_tokens=run.rows.max_tokens or max_tokens)

@@ -50,8 +50,6 @@ def synthetic_rows(trainer: CapturedGRPOTrainer, seed: int, attempts: int, versi
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fineenvs.models.tiny import ensure_tiny_model
-
     p = argparse.ArgumentParser(prog="python -m fineenvs.train", description=__doc__.split("\n")[0])
     p.add_argument(
         "--model", default="tiny_qwen", help="tiny_qwen | tiny_lfm2 | tiny_qwen3_5 or a model directory"
@@ -66,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-dir", type=Path, default=None)
     args = p.parse_args(argv)
 
-    model_dir = Path(args.model) if Path(args.model).is_dir() else ensure_tiny_model(args.model)
+    if Path(args.model).is_dir():
+        model_dir = Path(args.model)
+    else:
+        from fineenvs.models import model_builder
+
+        model_dir = model_builder().ensure(args.model)
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="fineenvs-train-"))
     settings = GRPOSettings(
         learning_rate=args.learning_rate,

@@ -15,7 +15,7 @@ mismatch located by bisection).
 ``one_token_inner=False`` dissolves inner nodes of a single token (below a root) into their
 children, each of which then starts one token earlier. Qwen3.5's gated delta net continues a state
 over one token with its recurrent kernel and over more with its chunked one; both compute the same
-thing, but they round differently (up to 1.3e-5 in logprob on tiny_qwen3_5, ``fineenvs.models.tiny``),
+thing, but they round differently (up to 1.3e-5 in logprob on tiny_qwen3_5, the tiny models of ``fineenvs_recipes.tiny``),
 while the padded path always runs the chunked one. A one-token leaf is run with a pad token after
 it instead (``fineenvs.train.shared``).
 """

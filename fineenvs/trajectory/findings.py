@@ -186,7 +186,7 @@ def _per_rows(rows: RowSet, out: list[Finding]) -> None:
                 "warning",
                 "overlong_rows",
                 f"{rows.overlong_rows} row(s) over max_tokens={rows.options.max_tokens} "
-                f"({rows.options.overlong}): {rows.dropped_overlong} dropped, {rows.split_rows} cut, "
+                f"({rows.options.overlong.value}): {rows.dropped_overlong} dropped, {rows.split_rows} cut, "
                 f"{rows.lost_sampled_tokens} trainable tokens lost",
             )
         )

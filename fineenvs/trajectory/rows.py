@@ -34,44 +34,75 @@ either mode, and two cuts that end at the same call are kept once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import Enum
+from typing import Any, Literal, TypeVar
 
 from fineenvs.trajectory.graph import TrajectoryGraph
 from fineenvs.trajectory.node import logprob_problem
 
 Role = Literal["agent", "auxiliary", "discarded"]
-OVERLONG_MODES = ("split", "drop")
-SHARED_PREFIX_POLICIES = ("per_row", "once", "inverse_count")
+
+
+class SharedPrefix(Enum):
+    per_row = "per_row"  # published: shared sampled tokens count once in every row holding them
+    once = "once"  # counted in the first row only
+    inverse_count = "inverse_count"  # weighted 1 / (number of rows sharing them)
+
+
+class Overlong(Enum):
+    drop = "drop"
+    split = "split"
+
+
+_E = TypeVar("_E", Overlong, SharedPrefix)
 
 
 @dataclass
 class RowOptions:
-    max_tokens: int = 40960
-    overlong: str = "drop"  # "split" | "drop"
-    shared_prefix: str = "per_row"  # "per_row" | "once" | "inverse_count"
+    """How recorded calls become training rows: the ``rows:`` section of the run config."""
+
+    max_tokens: int | None = None
+    """Token budget of one row; None: the trainer's (``trainer.token_budget`` for GRPO,
+    ``trainer.max_length`` for SFT), which a run fills in. Above it a row is ``overlong``."""
+    overlong: Overlong = Overlong.drop
+    shared_prefix: SharedPrefix = SharedPrefix.per_row
     drop_discarded: bool = True
+    """Leave out calls the proxy marked discarded (an agent's retried or abandoned branch)."""
     drop_auxiliary: bool = False
+    """Leave out an agent's auxiliary calls (titles, summaries) that are not on the task's path."""
     train_constrained: bool = False
     """Train on structured-output calls too. Off by default: under a grammar mask the engine's
     logprobs are those of the masked distribution, which the trainer does not recompute (the
     same reason training refuses top_p < 1); on, their ratios are biased by the mask."""
 
+    def __post_init__(self) -> None:
+        # Python callers may name the modes as strings ("split"); the run config gives the enums.
+        self.overlong = _member(Overlong, self.overlong, "overlong")
+        self.shared_prefix = _member(SharedPrefix, self.shared_prefix, "shared_prefix")
+
     def check(self) -> None:
-        if self.max_tokens <= 0:
+        if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(
                 f"RowOptions.max_tokens={self.max_tokens} must be positive: it is the token budget of one "
                 "training row (the published recipe uses 40960)"
             )
-        if self.overlong not in OVERLONG_MODES:
-            raise ValueError(
-                f"RowOptions.overlong={self.overlong!r} is not one of {OVERLONG_MODES}: say whether rows "
-                "over max_tokens are cut after the last turn that fits ('split') or left out ('drop')"
-            )
-        if self.shared_prefix not in SHARED_PREFIX_POLICIES:
-            raise ValueError(
-                f"RowOptions.shared_prefix={self.shared_prefix!r} is not one of {SHARED_PREFIX_POLICIES}; "
-                "see fineenvs.trajectory.rows for what each policy does"
-            )
+
+
+_WHAT = {
+    "overlong": "say whether rows over max_tokens are cut after the last turn that fits ('split') or "
+    "left out ('drop')",
+    "shared_prefix": "see fineenvs.trajectory.rows for what each policy does",
+}
+
+
+def _member(kind: type[_E], value: _E | str, key: str) -> _E:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = tuple(m.value for m in kind)
+        raise ValueError(f"RowOptions.{key}={value!r} is not one of {choices}: {_WHAT[key]}") from None
 
 
 @dataclass
@@ -157,9 +188,9 @@ def build_rows(
             out.dropped_auxiliary += 1
             continue
         row = _make_row(graph, end_ids, path, role, metadata, options.train_constrained)
-        if len(row.input_ids) > options.max_tokens:
+        if options.max_tokens is not None and len(row.input_ids) > options.max_tokens:
             out.overlong_rows += 1
-            keep = _cut_point(graph, path, options.max_tokens) if options.overlong == "split" else 0
+            keep = _cut_point(graph, path, options.max_tokens) if options.overlong is Overlong.split else 0
             if keep == 0:
                 out.dropped_overlong += 1
                 out.lost_sampled_tokens += row.n_trainable
@@ -174,7 +205,7 @@ def build_rows(
             seen_cuts.add(path[-1])
             out.split_rows += 1
         kept.append((row, path))
-    _apply_shared_prefix(kept, options.shared_prefix)
+    _apply_shared_prefix(kept, options.shared_prefix.value)
     out.rows = [r for r, _ in kept]
     return out
 

@@ -36,7 +36,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fineenvs.engine.server import create_engine_app, serve_in_thread
-from fineenvs.models import TINY_MODELS, ensure_tiny_model
+from fineenvs_recipes.tiny import TINY_MODELS, ensure_tiny_model
 
 WEATHER_TOOL = {
     "type": "function",

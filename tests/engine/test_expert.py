@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from fineenvs.engine.expert import (
+from fineenvs.engine.server import create_engine_app
+from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, parse_tool_calls
+from fineenvs.plugins import PluginError
+from fineenvs.tasks.mini import split_specs
+from fineenvs_recipes.mini_repro.teacher import (
     DONE_TEXT,
     LOOK_COMMAND,
     SUBMIT,
@@ -20,9 +24,6 @@ from fineenvs.engine.expert import (
     render_tool_call,
     solution_command,
 )
-from fineenvs.engine.server import create_engine_app
-from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, parse_tool_calls
-from fineenvs.tasks.mini import split_specs
 
 QUESTION = (
     "What is the sum of the mass column (column 3) in wines.csv?\n\nData files in your working directory: "
@@ -138,5 +139,9 @@ def test_expert_policy_serves_through_the_engine_path(tiny_qwen_dir: Path) -> No
         lps = [e["logprob"] for e in choice["logprobs"]["content"]]
         assert len(lps) == len(ids) and all(math.isfinite(x) and x <= 0 for x in lps)
         assert out["prompt_token_ids"] and len(out["prompt_token_ids"]) == out["usage"]["prompt_tokens"]
-    with pytest.raises(ValueError, match="policy"):
+    # The engine finds scripted policies by name (fineenvs/plugins.py), and says which exist.
+    with pytest.raises(
+        PluginError,
+        match=r"no plugin 'oracle' in the entry-point group fineenvs.engine_policies: installed are \['expert'\]",
+    ):
         create_engine_app(tiny_qwen_dir, served_model_name="x", policy="oracle")

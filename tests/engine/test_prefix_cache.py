@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from fineenvs.engine.generation import GenerationResult, Generator, SamplingParams
 from fineenvs.engine.prefix_cache import PrefixCache
 from fineenvs.engine.server import create_engine_app
-from fineenvs.models import ensure_tiny_model
+from fineenvs_recipes.tiny import ensure_tiny_model
 
 TOL = 1e-4
 

@@ -57,7 +57,7 @@ def test_weight_push_advances_the_version_and_changes_generations(engine: Engine
     import torch
     from safetensors.torch import load_file
 
-    from fineenvs.models.tiny import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     before = greedy(engine)
     weights: dict[str, torch.Tensor] = {}

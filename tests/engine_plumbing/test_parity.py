@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from fineenvs.engine.parity import ParityError, ParityGate, tolerance
-from fineenvs.models.tiny import ensure_tiny_model
+from fineenvs_recipes.tiny import ensure_tiny_model
 
 from .vllm_helpers import scorer
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from fineenvs.engine.parity import ParityError, ParityGate, tolerance
 from fineenvs.engine.weights import VLLMFileTransferWeightSync, VLLMReloadWeightSync, WeightSyncError
-from fineenvs.models.tiny import ensure_tiny_model
+from fineenvs_recipes.tiny import ensure_tiny_model
 
 from .vllm_helpers import real_vllm, scorer
 

@@ -62,7 +62,7 @@ def test_launch_probe_and_reload_sync(tmp_path: Path) -> None:
         )
     model = os.environ.get("FINEENVS_VLLM_MODEL")
     if model is None:
-        from fineenvs.models.tiny import ensure_tiny_model
+        from fineenvs_recipes.tiny import ensure_tiny_model
 
         model = str(ensure_tiny_model("tiny_agent"))  # heads of 32: every attention backend serves them
     args = VLLMServeArgs(

@@ -226,7 +226,7 @@ print(json.dumps({"token_ids": choice.token_ids, "prompt_token_ids": parsed.prom
 def test_a_real_cpu_servers_replies_parse_as_vllm_0_33s_chat_response(tmp_path: Path) -> None:
     """The CPU build (0.32) answers in the shape the GPU release (0.33) defines: what the proxy reads
     from one is what it reads from the other."""
-    from fineenvs.models.tiny import ensure_tiny_model
+    from fineenvs_recipes.tiny import ensure_tiny_model
 
     with real_vllm(ensure_tiny_model("tiny_agent"), tmp_path, weight_sync=None) as engine:
         body = {

@@ -157,7 +157,7 @@ class Tokenizer:
     def __init__(self, model: str) -> None:
         from transformers import AutoTokenizer
 
-        from fineenvs.models.tiny import ensure_tiny_model
+        from fineenvs_recipes.tiny import ensure_tiny_model
 
         path: Path = ensure_tiny_model(model)
         self.tok = AutoTokenizer.from_pretrained(str(path))

@@ -77,24 +77,24 @@ def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
         "+experiment=mini_repro",
         f"output_dir={out}",
         "seed=0",
-        "mini_repro.stages=[teacher,base,rl_one,eval,report]",
-        "mini_repro.harnesses=[pi]",
-        "mini_repro.base_harness=pi",
-        "mini_repro.base_sees_mix=false",
-        "mini_repro.base_epochs=2",
-        f"mini_repro.rl_steps={RL_STEPS}",
+        "recipe.stages=[teacher,base,rl_one,eval,report]",
+        "recipe.harnesses=[pi]",
+        "recipe.base_harness=pi",
+        "recipe.base_sees_mix=false",
+        "recipe.base_epochs=2",
+        f"recipe.rl_steps={RL_STEPS}",
         # Groups of 8: with groups of 4 the few groups with signal in a step came from one template.
-        "mini_repro.group_size=8",
+        "recipe.group_size=8",
         # 24 rows (three groups) a step at lr 1e-4, not the recipe's 16 at 3e-4: at 3e-4 the policy
         # swung between steps (a template 8/8 solved, then 0/8, then 7/8) and RL sometimes traded one
         # question template for another; at 1e-4 with three groups a step it kept all three.
-        f"mini_repro.rl_rows_per_step={RL_ROWS_PER_STEP}",
-        f"mini_repro.rl_learning_rate={RL_LEARNING_RATE}",
+        f"recipe.rl_rows_per_step={RL_ROWS_PER_STEP}",
+        f"recipe.rl_learning_rate={RL_LEARNING_RATE}",
         # A step ends after 12 groups drawn: a policy that always solves or always fails its training
         # tasks (seen after 8 steps) would otherwise keep a step drawing forever.
-        "mini_repro.rl_max_groups_per_step=12",
-        "mini_repro.eval_every=100",  # no in-training evaluation: the matrix is the measure
-        f"mini_repro.eval_tasks={EVAL_TASKS}",
+        "recipe.rl_max_groups_per_step=12",
+        "recipe.eval_every=100",  # no in-training evaluation: the matrix is the measure
+        f"recipe.eval_tasks={EVAL_TASKS}",
     ]
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=4000)

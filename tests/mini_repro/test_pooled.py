@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from fineenvs.jobs.mini_repro import DONE, pooled_table, sweep_runs, write_report
 from fineenvs.paths import CONF_DIR, REPO_ROOT
+from fineenvs_recipes.mini_repro.recipe import DONE, pooled_table, sweep_runs, write_report
 
 
 def test_the_seed_sweep_is_a_multirun_over_three_seeds() -> None:
@@ -45,7 +45,7 @@ def test_a_real_multirun_gives_each_seed_its_own_recipe_folder(tmp_path: Path) -
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert (sweep / "multirun.yaml").is_file()  # what write_report looks for to pool the sweep
-    assert res.stdout.count("fineenvs plan: job=mini_repro experiment=mini_repro") == 2
+    assert res.stdout.count("fineenvs plan: job=recipe experiment=mini_repro") == 2
     assert f"output dir: {sweep / '0'}" in res.stdout and f"output dir: {sweep / '1'}" in res.stdout
     assert "#0 : seed=4 " in res.stdout and "#1 : seed=5 " in res.stdout  # Hydra's launch lines
 
@@ -146,17 +146,17 @@ def test_the_pooled_table_sums_the_runs(tmp_path: Path) -> None:
 
 
 def test_a_sweep_job_pools_only_runs_of_its_own_configuration(tmp_path: Path) -> None:
-    from fineenvs.config import MiniReproSpec
+    from fineenvs_recipes.mini_repro.settings import MiniReproSettings
 
     sweep = tmp_path / "sweep"
     one = {"base": {"pi": [1, 0]}, "rl_one": {"pi": [1, 1]}}
     _run(sweep / "0", one, (1.0, 1.0), 1, seed=0)
-    write_report(sweep / "0", MiniReproSpec())
+    write_report(sweep / "0", MiniReproSettings())
     assert (sweep / "0" / "mini_repro.md").is_file() and not (sweep / "mini_repro.md").exists()  # not a sweep
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     _run(sweep / "1", one, (1.0, 1.0), 1, seed=1)
     _run(sweep / "2", one, (1.0, 1.0), 1, seed=2)  # another setting: not a repeat of job 0
-    (sweep / "2" / ".hydra" / "overrides.yaml").write_text("- seed=2\n- mini_repro.rl_steps=6\n")
+    (sweep / "2" / ".hydra" / "overrides.yaml").write_text("- seed=2\n- recipe.rl_steps=6\n")
     assert [p.name for p in sweep_runs(sweep, like=sweep / "2")] == ["2"]
-    write_report(sweep / "1", MiniReproSpec())
+    write_report(sweep / "1", MiniReproSettings())
     assert "2 runs pooled (0: seed 0, 1: seed 1)" in (sweep / "mini_repro.md").read_text()

@@ -20,10 +20,11 @@ from fineenvs.config import (
     SFTSettings,
     to_run_config,
 )
-from fineenvs.jobs.mini_repro import STAGES, stage_commands, summary_table
+from fineenvs.jobs.recipe import run_recipe
 from fineenvs.jobs.rl import in_training_eval_due
 from fineenvs.paths import CONF_DIR
 from fineenvs.results import wilson
+from fineenvs_recipes.mini_repro.recipe import STAGES, stage_commands, summary_table
 
 
 def _load(*overrides: str) -> RunConfig:
@@ -34,10 +35,10 @@ def _load(*overrides: str) -> RunConfig:
 
 def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     run = _load(f"output_dir={tmp_path}")
-    assert run.job is Job.mini_repro and list(run.harness) == run.mini_repro.harnesses
+    assert run.job is Job.recipe and list(run.harness) == run.recipe.harnesses
     base = tmp_path / "base" / "checkpoints" / "step-9"
     ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
-    commands = stage_commands(run.mini_repro, tmp_path, ckpts)
+    commands = stage_commands(run.recipe, tmp_path, ckpts)
     assert set(commands) == set(STAGES) - {"report"}
     runs = {
         name: [_load(*o, f"output_dir={tmp_path / name}") for o in overrides]
@@ -58,19 +59,19 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert b.trainer.rollout_slices == {"mini_swe_agent": [24, 48], "opencode": [24, 48]}
     (b_l,) = [  # run L's recipe: Pi's first 24 held out of the base too
         _load(*o, f"output_dir={tmp_path / 'bl'}")
-        for o in stage_commands(replace(run.mini_repro, hold_out_base_harness=True), tmp_path, ckpts)["base"]
+        for o in stage_commands(replace(run.recipe, hold_out_base_harness=True), tmp_path, ckpts)["base"]
     ]
     assert b_l.trainer.rollout_slices == {"pi": [24], "mini_swe_agent": [24, 48], "opencode": [24, 48]}
     assert b.trainer.teacher_dir == str(tmp_path / "teacher") and b.model.name == "tiny_agent"
     assert all(r.scheduler.sandbox.value == "bwrap" for rs in runs.values() for r in rs)
     (b_one,) = [
         _load(*o, f"output_dir={tmp_path / 'b1'}")
-        for o in stage_commands(replace(run.mini_repro, base_sees_mix=False), tmp_path, ckpts)["base"]
+        for o in stage_commands(replace(run.recipe, base_sees_mix=False), tmp_path, ckpts)["base"]
     ]
     assert list(b_one.harness) == ["pi"]
     # Without the sft_mix stage (the learning test's recipe) nothing is held out of the base.
     lt = replace(
-        run.mini_repro, base_sees_mix=False, harnesses=["pi"], stages=["teacher", "base", "rl_one", "eval"]
+        run.recipe, base_sees_mix=False, harnesses=["pi"], stages=["teacher", "base", "rl_one", "eval"]
     )
     lt_runs = stage_commands(lt, tmp_path, ckpts)
     assert len(lt_runs["teacher"]) == 1 and "tasks.limit=null" in lt_runs["teacher"][0]
@@ -98,7 +99,7 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     (old,) = [  # runs C-E's setting: groups of 4, 8 rows per step, no cap
         _load(*o, f"output_dir={tmp_path / 'old'}")
         for o in stage_commands(
-            replace(run.mini_repro, group_size=4, rl_rows_per_step=8, rl_max_groups_per_step=None),
+            replace(run.recipe, group_size=4, rl_rows_per_step=8, rl_max_groups_per_step=None),
             tmp_path,
             ckpts,
         )["rl_one"]
@@ -109,8 +110,8 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     (s,) = runs["sft_mix"]
     assert s.model.path == str(base) and s.trainer.max_rollouts_per_harness is None
     assert s.trainer.rollout_slices == {h: [0, 24] for h in ("pi", "mini_swe_agent", "opencode")}
-    assert s.trainer.learning_rate == run.mini_repro.sft_mix_learning_rate
-    assert s.trainer.num_train_epochs == run.mini_repro.sft_mix_epochs
+    assert s.trainer.learning_rate == run.recipe.sft_mix_learning_rate
+    assert s.trainer.num_train_epochs == run.recipe.sft_mix_epochs
     (e,) = runs["eval"]
     assert e.job is Job.eval and e.eval.checkpoints == [str(p) for p in ckpts.values()]
     assert e.eval.split == "eval" and len(e.harness) == 3
@@ -130,7 +131,7 @@ def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
 
 
 def test_the_recipes_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fineenvs.jobs import mini_repro
+    from fineenvs_recipes.mini_repro import recipe as mini_repro
 
     extras: list[list[str]] = []
 
@@ -144,48 +145,44 @@ def test_the_recipes_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytes
     run = _load(
         f"output_dir={tmp_path}",
         "seed=3",
-        "mini_repro.stages=[teacher]",
-        "mini_repro.overrides=['sampling.temperature=0.5']",
+        "recipe.stages=[teacher]",
+        "recipe.overrides=['sampling.temperature=0.5']",
     )
-    mini_repro.run_mini_repro(run)
+    run_recipe(run)
     assert extras == [["seed=3", "sampling.temperature=0.5"]]
-    with pytest.raises(ConfigError, match=r"mini_repro.overrides has \['seed=5'\].*Fix: seed=<n>"):
-        _load(f"output_dir={tmp_path}", "mini_repro.overrides=['seed=5']")
+    with pytest.raises(ConfigError, match=r"recipe.overrides has \['seed=5'\].*Fix: seed=<n>"):
+        _load(f"output_dir={tmp_path}", "recipe.overrides=['seed=5']")
 
 
 def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_path: Path) -> None:
-    from fineenvs.jobs import mini_repro
+    from fineenvs_recipes.mini_repro import recipe as mini_repro
 
     teacher = tmp_path / "teacher"
     teacher.mkdir()
-    run = _load(f"output_dir={tmp_path}", "seed=0", "mini_repro.stages=[teacher]")
-    runs = stage_commands(run.mini_repro, tmp_path, {})["teacher"]
+    run = _load(f"output_dir={tmp_path}", "seed=0", "recipe.stages=[teacher]")
+    runs = stage_commands(run.recipe, tmp_path, {})["teacher"]
     (teacher / mini_repro.DONE).write_text(json.dumps({"seconds": 1.0, "runs": runs, "extra": ["seed=0"]}))
-    mini_repro.run_mini_repro(run)  # the same settings: resumed, nothing run
+    run_recipe(run)  # the same settings: resumed, nothing run
     with pytest.raises(
         mini_repro.StageFailed, match=r"finished with other settings: \['seed=0'\].*\['seed=1'\].*Fix"
     ):
-        mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "seed=1", "mini_repro.stages=[teacher]"))
+        run_recipe(_load(f"output_dir={tmp_path}", "seed=1", "recipe.stages=[teacher]"))
     with pytest.raises(mini_repro.StageFailed, match="tasks.limit=30"):  # another teacher command
-        mini_repro.run_mini_repro(
-            _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=30", "mini_repro.stages=[teacher]")
-        )
+        run_recipe(_load(f"output_dir={tmp_path}", "recipe.teacher_tasks=30", "recipe.stages=[teacher]"))
     (teacher / mini_repro.DONE).write_text(json.dumps({"seconds": 1.0}))  # written before it recorded them
-    mini_repro.run_mini_repro(_load(f"output_dir={tmp_path}", "seed=1", "mini_repro.stages=[teacher]"))
+    run_recipe(_load(f"output_dir={tmp_path}", "seed=1", "recipe.stages=[teacher]"))
 
 
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
     """Bad knobs fail at compose time (``dry_run=true`` shows them), before any stage runs."""
     with pytest.raises(ConfigError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
-        _load(f"output_dir={tmp_path}", "mini_repro.rl_rows_per_step=10")
+        _load(f"output_dir={tmp_path}", "recipe.rl_rows_per_step=10")
     with pytest.raises(ConfigError, match="teacher_tasks=24 leaves the base no pi rollouts.*Fix"):
-        _load(
-            f"output_dir={tmp_path}", "mini_repro.teacher_tasks=24", "mini_repro.hold_out_base_harness=true"
-        )
+        _load(f"output_dir={tmp_path}", "recipe.teacher_tasks=24", "recipe.hold_out_base_harness=true")
     with pytest.raises(ConfigError, match="teacher_tasks=12 is below sft_mix_tasks=24.*Fix"):
-        _load(f"output_dir={tmp_path}", "mini_repro.teacher_tasks=12")
+        _load(f"output_dir={tmp_path}", "recipe.teacher_tasks=12")
     with pytest.raises(ConfigError, match=r"stages has \['tune'\]; choose from"):
-        _load(f"output_dir={tmp_path}", "mini_repro.stages=[teacher,tune]")
+        _load(f"output_dir={tmp_path}", "recipe.stages=[teacher,tune]")
     assert not (tmp_path / "teacher").exists()
 
 
@@ -225,14 +222,14 @@ def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_it
     """``+experiment=mini_repro engine=vllm``: the RL and evaluation stages run vLLM (its CPU build
     on a CPU machine) with the prefix cache on; the teacher stays the embedded engine's scripted
     expert, the SFT stages start no engine; with the embedded engine nothing is added."""
-    from fineenvs.jobs.mini_repro import engine_overrides
+    from fineenvs_recipes.mini_repro.recipe import engine_overrides
 
     run = _load("engine=vllm", f"output_dir={tmp_path}")
     engine = engine_overrides(run)
     assert engine == ["engine=vllm", "engine.enable_prefix_caching=true"]
     assert engine_overrides(_load(f"output_dir={tmp_path}")) == []
     ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
-    commands = stage_commands(run.mini_repro, tmp_path, ckpts, engine)
+    commands = stage_commands(run.recipe, tmp_path, ckpts, engine)
     for name, overrides in commands.items():
         for o in overrides:
             stage = _load(*o, f"output_dir={tmp_path / name}")

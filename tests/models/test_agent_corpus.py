@@ -1,6 +1,6 @@
 """tiny_agent's vocabulary: learnt from real agents' prompts, so every agent of the paper's mix fits.
 
-The shipped text (fineenvs/models/agent_prompts.json) must be what the recorded fixtures say (no
+The shipped text (fineenvs_recipes/tiny/agent_prompts.json) must be what the recorded fixtures say (no
 drift after a re-recording), must not hold any mini task, and the tokenizer must compress agent
 prompts like a real one — also an agent's prompt it never saw (leave-one-out), so the vocabulary
 is English, JSON and shell, not one agent's prompt learnt by heart.
@@ -17,10 +17,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from fineenvs.dialects import DIALECTS
-from fineenvs.models import ensure_tiny_model
-from fineenvs.models.agent_corpus import AGENT_PROMPTS, agent_prompt_texts, build_agent_prompts, record_text
-from fineenvs.models.corpus import generate_corpus
-from fineenvs.models.tiny import MAX_CONTEXT
+from fineenvs_recipes.tiny.agent_corpus import (
+    AGENT_PROMPTS,
+    agent_prompt_texts,
+    build_agent_prompts,
+    record_text,
+)
+from fineenvs_recipes.tiny.build import MAX_CONTEXT, ensure_tiny_model
+from fineenvs_recipes.tiny.corpus import generate_corpus
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "harness_records"
 PAPER_MIX = ("claude_code", "codex", "opencode", "mini_swe_agent")
@@ -42,11 +46,11 @@ def _first_request(harness: str) -> tuple[list[dict], list[dict] | None]:
 def test_shipped_text_is_the_recorded_fixtures() -> None:
     shipped = json.loads(AGENT_PROMPTS.read_text())
     # Frozen: a newly recorded agent does not change tiny_agent's vocabulary, but a re-recorded one
-    # must be shipped again (python -m fineenvs.models.agent_corpus).
+    # must be shipped again (python -m fineenvs_recipes.tiny.agent_corpus).
     recorded = {e["harness"]: e for e in build_agent_prompts(RECORDS)}
     for entry in shipped:
         assert recorded[entry["harness"]] == entry, (
-            f"{entry['harness']}: re-run python -m fineenvs.models.agent_corpus"
+            f"{entry['harness']}: re-run python -m fineenvs_recipes.tiny.agent_corpus"
         )
     assert set(PAPER_MIX) | {"pi"} <= {e["harness"] for e in shipped}
     text = "\n".join(e["text"] for e in shipped)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fineenvs.models import TINY_MODELS, ensure_tiny_model
-from fineenvs.models.templates import trl_template
+from fineenvs_recipes.tiny import TINY_MODELS, ensure_tiny_model
+from fineenvs_recipes.tiny.templates import trl_template
 
 TOOLS = [
     {

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from fineenvs.models import ensure_tiny_model
 from fineenvs.proxy.app import create_proxy_app
 from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import CallStore
+from fineenvs_recipes.tiny import ensure_tiny_model
 
 
 @pytest.fixture(scope="session")

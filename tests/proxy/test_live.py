@@ -27,8 +27,8 @@ from processes import stop, wait_ok
 from tokenizers import Tokenizer
 
 from benchmarks.common import RawConn, free_port
-from fineenvs.models import ensure_tiny_model
 from fineenvs.paths import REPO_ROOT
+from fineenvs_recipes.tiny import ensure_tiny_model
 
 pytestmark = pytest.mark.slow
 PY = sys.executable

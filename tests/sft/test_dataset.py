@@ -11,7 +11,6 @@ from transformers import AutoTokenizer
 
 from fineenvs.engine.generation import Generator
 from fineenvs.engine.server import _prepare_messages
-from fineenvs.models import ensure_tiny_model
 from fineenvs.train.sft_trainer import (
     RERENDER_REASON,
     SFTDataError,
@@ -22,6 +21,7 @@ from fineenvs.train.sft_trainer import (
     session_examples,
     write_examples,
 )
+from fineenvs_recipes.tiny import ensure_tiny_model
 from tests.sft.sessions import EXPECTED, agent_session_calls
 
 MODELS = ("tiny_qwen", "tiny_lfm2", "tiny_qwen3_5")

@@ -22,10 +22,10 @@ from transformers import AutoModelForCausalLM
 
 from fineenvs.engine.generation import Generator, SamplingParams
 from fineenvs.harnesses import check_installed
-from fineenvs.models import ensure_tiny_model
 from fineenvs.paths import REPO_ROOT
 from fineenvs.proxy.store import CallStore
 from fineenvs.tasks import load_tasks
+from fineenvs_recipes.tiny import ensure_tiny_model
 from tests.sft.gold_engine import WRONG, GoldEngine
 
 pytestmark = pytest.mark.slow

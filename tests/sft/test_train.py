@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fineenvs.models import ensure_tiny_model
 from fineenvs.train.sft_config import SFTSettings
 from fineenvs.train.sft_trainer import SFTExample, StudentRenderer, train_sft
+from fineenvs_recipes.tiny import ensure_tiny_model
 from tests.sft.sessions import SYSTEM, TOOL_RESULT, TOOLS, TURN1, TURN2, USER
 
 

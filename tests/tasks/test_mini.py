@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fineenvs.engine.expert import solution_command
 from fineenvs.tasks import grade_workdir, load_tasks, materialize_inputs, mini
 from fineenvs.tasks.mini import SPLIT_SIZES, generate_mini, split_specs
+from fineenvs_recipes.mini_repro.teacher import solution_command
 
 # sha256 of the 36 eval tasks as generated before the split had blocks (MINI_VERSION 2).
 _FIRST_EVAL_BLOCK_SHA256 = "de4cb150b0838789aa1c865893f707c6a2457a96def7486925ac1a002b1deea6"

@@ -12,7 +12,7 @@ canonical chat request and flattened to text: every message's text and every too
 The tasks in those recordings are the demo set's, never the mini set's, so no evaluation question,
 file or answer is in it. Regenerate after re-recording the fixtures:
 
-    python -m fineenvs.models.agent_corpus [RECORDS_DIR]
+    python -m fineenvs_recipes.tiny.agent_corpus [RECORDS_DIR]
 
 Measured (``tests/models/test_agent_corpus.py`` checks the leave-one-out form): with an 8k
 vocabulary trained on this text plus the generated corpus, Claude Code's first request takes 3.9

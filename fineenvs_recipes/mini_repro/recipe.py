@@ -1,6 +1,6 @@
-"""``job=mini_repro``: the learning mini-reproduction on a CPU, stage by stage.
+"""``recipe=mini_repro``: the learning mini-reproduction on a CPU, stage by stage.
 
-    python -m fineenvs.run +experiment=mini_repro [output_dir=...] [mini_repro.rl_steps=...]
+    python -m fineenvs.run +experiment=mini_repro [output_dir=...] [recipe.rl_steps=...]
 
 Each stage is a normal run of ``python -m fineenvs.run +experiment=mini_repro job=<job> ...`` in
 ``<output_dir>/<stage>`` (log: ``<stage>.log``), so every piece is the real one: the scheduler,
@@ -43,12 +43,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fineenvs.config import MINI_REPRO_RL_BATCH as _RL_BATCH
-from fineenvs.config import MINI_REPRO_STAGES as STAGES
-from fineenvs.config import MiniReproSpec, RunConfig
+from fineenvs.config import RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
 from fineenvs.results import deciding_attempts, paired, read_attempts, sign_test_p, wilson
+from fineenvs_recipes.mini_repro.settings import RL_BATCH as _RL_BATCH
+from fineenvs_recipes.mini_repro.settings import STAGES, MiniReproSettings
 
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
 DONE = "STAGE_DONE"
@@ -58,7 +58,7 @@ def _list(values: list[str]) -> str:
     return "[" + ",".join(values) + "]"
 
 
-def _rl_overrides(m: MiniReproSpec, harnesses: list[str], base: Path) -> list[str]:
+def _rl_overrides(m: MiniReproSettings, harnesses: list[str], base: Path) -> list[str]:
     return [
         "job=rl",
         "trainer=grpo",
@@ -96,7 +96,7 @@ def _slices(slices: dict[str, list[int]]) -> list[str]:
 
 
 def _sft_overrides(
-    m: MiniReproSpec,
+    m: MiniReproSettings,
     harnesses: list[str],
     teacher: Path,
     epochs: float,
@@ -138,7 +138,7 @@ def engine_overrides(run: RunConfig) -> list[str]:
 
 
 def stage_commands(
-    m: MiniReproSpec, out: Path, checkpoints: dict[str, Path], engine: list[str] | None = None
+    m: MiniReproSettings, out: Path, checkpoints: dict[str, Path], engine: list[str] | None = None
 ) -> dict[str, list[list[str]]]:
     """The ``fineenvs.run`` override lists of each stage (a stage may be several runs); ``engine``
     is ``engine_overrides``' list for the stages that serve the student."""
@@ -209,11 +209,11 @@ def stage_commands(
     return commands
 
 
-def stage_extra(run: RunConfig) -> list[str]:
+def stage_extra(run: RunConfig, m: MiniReproSettings) -> list[str]:
     """Overrides every stage gets after its own: this run's seed (the stages are runs of their own,
     which would otherwise start from the default seed: ``seed=1`` on the recipe's command line would
-    change nothing), then ``mini_repro.overrides``."""
-    return [f"seed={run.seed}", *run.mini_repro.overrides]
+    change nothing), then ``recipe.overrides``."""
+    return [f"seed={run.seed}", *m.overrides]
 
 
 def _stage_checkpoint(stage_dir: Path) -> Path | None:
@@ -282,27 +282,51 @@ def _check_reuse(name: str, stage_dir: Path, runs: list[list[str]] | None, extra
             )
 
 
-def run_mini_repro(run: RunConfig) -> float | None:
-    m = run.mini_repro
-    out = Path(str(run.output_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    checkpoints: dict[str, Path] = {}
-    extra = stage_extra(run)
-    engine = engine_overrides(run)
-    for stage in m.stages:
+class MiniRepro:
+    """The recipe: ``setup`` checks what a rerun may reuse, ``train`` runs the stages in order (each
+    a run of its own, skipped when done), ``cleanup`` has nothing to release (every stage's run
+    stops its own processes)."""
+
+    def __init__(self, run: RunConfig, settings: MiniReproSettings) -> None:
+        self.run = run
+        self.settings = settings
+        self.out = Path(str(run.output_dir))
+        self.checkpoints: dict[str, Path] = {}
+
+    def setup(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def train(self) -> float | None:
+        started = time.monotonic()
+        extra = stage_extra(self.run, self.settings)
+        engine = engine_overrides(self.run)
+        for stage in self.settings.stages:
+            self._stage(stage, extra, engine)
+        total = time.monotonic() - started
+        print(f"mini_repro: all stages done in {total:.0f}s; output in {self.out}", flush=True)
+        results = self.out / "eval" / "eval" / "results.json"
+        if results.is_file():
+            overall = json.loads(results.read_text())["overall"]
+            return float(list(overall.values())[-1]) if overall else None
+        return None
+
+    def cleanup(self) -> None:
+        return None
+
+    def _stage(self, stage: str, extra: list[str], engine: list[str]) -> None:
+        out = self.out
         stage_dir = out / stage
-        runs = stage_commands(m, out, checkpoints, engine).get(stage)
+        runs = stage_commands(self.settings, out, self.checkpoints, engine).get(stage)
         if stage != "report" and (stage_dir / DONE).is_file():
             _check_reuse(stage, stage_dir, runs, extra)
             print(f"mini_repro: {stage} already done ({stage_dir})", flush=True)
         elif stage == "report":
-            report_dir = write_report(out, m)
+            report_dir = write_report(out, self.settings)
             print(f"mini_repro: report in {report_dir}", flush=True)
         else:
             if runs is None:
                 raise StageFailed(
-                    f"stage {stage} needs the base checkpoint (stage base) first: add base to mini_repro.stages"
+                    f"stage {stage} needs the base checkpoint (stage base) first: add base to recipe.stages"
                 )
             print(f"mini_repro: {stage} ... (log: {out / (stage + '.log')})", flush=True)
             seconds = _run_stage(stage, runs, out, extra)
@@ -311,14 +335,7 @@ def run_mini_repro(run: RunConfig) -> float | None:
             ckpt = _stage_checkpoint(stage_dir)
             if ckpt is None:
                 raise StageFailed(f"stage {stage} finished without a checkpoint under {stage_dir}")
-            checkpoints[stage] = ckpt
-    total = time.monotonic() - started
-    print(f"mini_repro: all stages done in {total:.0f}s; output in {out}", flush=True)
-    results = out / "eval" / "eval" / "results.json"
-    if results.is_file():
-        overall = json.loads(results.read_text())["overall"]
-        return float(list(overall.values())[-1]) if overall else None
-    return None
+            self.checkpoints[stage] = ckpt
 
 
 # --------------------------------------------------------------------------- the table
@@ -583,7 +600,7 @@ def sweep_runs(sweep: Path, like: Path | None = None) -> list[Path]:
     return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
 
 
-def write_report(out: Path, m: MiniReproSpec) -> Path:
+def write_report(out: Path, m: MiniReproSettings) -> Path:
     (out / "mini_repro.md").write_text(summary_table(out), encoding="utf-8")
     subprocess.run([sys.executable, "-m", "fineenvs.report", str(out)], check=False)
     # A job of a sweep (Hydra writes multirun.yaml into the sweep directory) also pools the sweep's

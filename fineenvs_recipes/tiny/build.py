@@ -24,13 +24,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from fineenvs.models.corpus import generate_corpus
-from fineenvs.models.templates import lfm2_closed_thinking_template, trl_template
+from fineenvs.engine.toolcalls import ToolCallFormat
 from fineenvs.paths import models_cache
-
-ToolCallFormat = Literal["hermes", "lfm2", "qwen3_xml"]
+from fineenvs_recipes.tiny.corpus import generate_corpus
+from fineenvs_recipes.tiny.templates import lfm2_closed_thinking_template, trl_template
 
 # Large enough for real agent system prompts tokenised with a 1k vocabulary (roughly 2.5
 # characters per token), small enough that nothing allocates per-position state up front.
@@ -256,7 +255,7 @@ def _train_tokenizer(spec: TinyModelSpec) -> Any:
     )
     corpus = list(generate_corpus())
     if spec.agent_text:
-        from fineenvs.models.agent_corpus import agent_prompt_texts
+        from fineenvs_recipes.tiny.agent_corpus import agent_prompt_texts
 
         corpus += agent_prompt_texts()
     tok.train_from_iterator(corpus, trainer=trainer)
@@ -339,7 +338,7 @@ def _corpus_digest(spec: TinyModelSpec) -> str | None:
     """What the vocabulary was learnt from, beyond the code: the shipped agent text's digest."""
     if not spec.agent_text:
         return None
-    from fineenvs.models.agent_corpus import AGENT_PROMPTS
+    from fineenvs_recipes.tiny.agent_corpus import AGENT_PROMPTS
 
     return hashlib.sha256(AGENT_PROMPTS.read_bytes()).hexdigest()[:16]
 
