@@ -1,7 +1,7 @@
 """Nothing outlives a run: SIGTERM stops it as Ctrl-C does, and a restart reaps what a kill left.
 
 - ``mark_run(out)`` puts the run's output directory in the environment (``FINEENVS_RUN_DIR``):
-  every child inherits it (engine, proxy, the stages of ``job=mini_repro``) and the sandbox gives
+  every child inherits it (engine, proxy, the stages of ``recipe=mini_repro``) and the sandbox gives
   it to every agent, so whatever belongs to a run can be found by it later.
 - ``reap_leftovers(out)``: a run SIGKILLed before it could stop its children leaves them behind
   only briefly (the engine, the proxy and every agent's guard get a signal when it dies:
