@@ -24,6 +24,8 @@ from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.rows import RowOptions
 
 if TYPE_CHECKING:
+    from fineenvs.engine.vllm import ModelFamily as ServingProfile
+
     TrainerSettings = GRPOSettings | SFTSettings
     ChosenRecipe: TypeAlias = "RecipeSettings | None"
 else:
@@ -426,6 +428,36 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
+# model.family (architecture) -> the vLLM profile used when the model's name names no family.
+_PROFILE_BY_FAMILY = {"lfm2": "lfm2_5", "qwen3_5": "qwen3_5", "attention": "generic"}
+# model.chat_template -> the profiles whose patched template it names.
+_TEMPLATE_PROFILES = {"lfm_closed_thinking": ("lfm2_5",), "qwen_no_thinking": ("qwen3_5", "qwen3_8")}
+
+
+def serving_profile(path: str, family: ModelFamily) -> ServingProfile:
+    """The vLLM profile (tool parser, patched template) a model is served with: its name's
+    published family when it names one (LFM2.5, Qwen3.5, Qwen3.8), else its architecture's."""
+    from fineenvs.engine.vllm import ModelFamily as Profile
+    from fineenvs.engine.vllm import model_family
+
+    profile = model_family(path)
+    return profile if profile is not Profile.generic else Profile(_PROFILE_BY_FAMILY[family.value])
+
+
+def _check_chat_template(run: RunConfig) -> list[str]:
+    m = run.model
+    if m.chat_template not in _TEMPLATE_PROFILES:
+        return []
+    profile = serving_profile(m.path, m.family)
+    if profile.value in _TEMPLATE_PROFILES[m.chat_template]:
+        return []
+    return [
+        f"model.chat_template={m.chat_template} is a template for {', '.join(_TEMPLATE_PROFILES[m.chat_template])} "
+        f"models, but model={m.name} serves as {profile.value} (model.family={m.family.value}). Fix: "
+        "model.chat_template=native, or the family's own template."
+    ]
+
+
 def engine_dtype(run: RunConfig) -> str:
     """The dtype the engine serves in: what pushed weights are cast to."""
     e = run.engine
@@ -446,6 +478,7 @@ def validate(run: RunConfig) -> None:
     problems += _check_proxy(run)
     problems += _check_reward(run)
     problems += _check_rows(run)
+    problems += _check_chat_template(run)
     problems += _check_recipe(run)
     if problems:
         raise ConfigError(problems)

@@ -18,6 +18,7 @@ from fineenvs.config import (
     ModelSource,
     RunConfig,
     WeightSyncKind,
+    serving_profile,
 )
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
@@ -100,12 +101,6 @@ def vllm_command(run: RunConfig) -> list[str]:
     return build_serve_command(vllm_args(run))
 
 
-# model.family (architecture) -> the vLLM profile used when the model's name names no family.
-_PROFILE_BY_FAMILY = {"lfm2": "lfm2_5", "qwen3_5": "qwen3_5", "attention": "generic"}
-# model.chat_template -> the profiles whose patched template it names.
-_TEMPLATE_PROFILES = {"lfm_closed_thinking": ("lfm2_5",), "qwen_no_thinking": ("qwen3_5", "qwen3_8")}
-
-
 def model_serving_path(run: RunConfig) -> str:
     """What vLLM loads: the Hub id or directory; a tiny model's built directory."""
     m = run.model
@@ -123,21 +118,13 @@ def vllm_args(run: RunConfig) -> VLLMServeArgs:
     names a published family (LFM2.5, Qwen3.5, Qwen3.8), else from ``model.family``;
     ``model.chat_template=native`` serves the checkpoint's own template. The patched template is
     written into ``<output>/engine/`` at launch, at the path the command names."""
-    from fineenvs.engine.vllm import ModelFamily, VLLMServeArgs, model_family
+    from fineenvs.engine.vllm import VLLMServeArgs
 
     m, e, s = run.model, run.engine, run.sampling
     sync = effective_weight_sync(run)
     path = model_serving_path(run)
     served = m.name if m.source is ModelSource.tiny else m.path
-    family = model_family(m.path)
-    if family is ModelFamily.generic:
-        family = ModelFamily(_PROFILE_BY_FAMILY[m.family.value])
-    if m.chat_template in _TEMPLATE_PROFILES and family.value not in _TEMPLATE_PROFILES[m.chat_template]:
-        raise ValueError(
-            f"model.chat_template={m.chat_template} is a template for {', '.join(_TEMPLATE_PROFILES[m.chat_template])} "
-            f"models, but model={m.name} serves as {family.value} (model.family={m.family.value}). Fix: "
-            "model.chat_template=native, or the family's own template."
-        )
+    family = serving_profile(m.path, m.family)  # its chat template was checked at compose time
     return VLLMServeArgs(
         model=path,
         served_model_name=served,

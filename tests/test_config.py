@@ -395,3 +395,17 @@ def test_a_tiny_model_comes_from_the_model_builder_plugin() -> None:
     from fineenvs.plan import model_serving_path
 
     assert model_serving_path(run) == str(builder.path("tiny_qwen", seed=run.model.seed))
+
+
+def test_a_chat_template_of_another_family_is_refused_at_compose_time() -> None:
+    """``dry_run=true`` reports it: before, only building vLLM's command found it."""
+    problems = _problems("+experiment=rl_multi", "model.chat_template=qwen_no_thinking")
+    assert any(
+        "model.chat_template=qwen_no_thinking is a template for qwen3_5, qwen3_8" in p
+        and "serves as lfm2_5" in p
+        for p in problems
+    ), problems
+    assert (
+        load("+experiment=rl_multi", "model=qwen3_5_2b", "output_dir=/tmp/x").model.chat_template
+        == "qwen_no_thinking"
+    )

@@ -43,10 +43,8 @@ def teacher_pairs(
 ) -> list[PlannedGroup]:
     """One planned group per task × harness (tasks in their fixed order), with its attempt ids."""
     if attempts_per_task < 1:
-        raise ValueError(
-            f"trainer.teacher_attempts_per_task must be >= 1 (got {attempts_per_task}). "
-            "Fix: trainer.teacher_attempts_per_task=3"
-        )
+        # A run's trainer.teacher_attempts_per_task is checked at compose time (SFTSettings).
+        raise ValueError(f"attempts_per_task must be >= 1, got {attempts_per_task}")
     if not task_ids:
         raise ValueError("the task list is empty: nothing to collect (check tasks.* filters and tasks.limit)")
     if not harnesses:
