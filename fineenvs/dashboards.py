@@ -26,6 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import metric_key
 
 PAPER_MIX = ("opencode", "claude_code", "codex", "mini_swe_agent")
@@ -74,7 +75,7 @@ class DashboardSpec:
     def metrics(self) -> set[str]:
         return {m for s in self.sections for p in s.panels for m in p.metrics}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 

@@ -35,7 +35,7 @@ def read_jsonl(path: Path) -> list[JsonObject]:
     return out
 
 
-def append_jsonl(path: Path, *records: dict[str, Any]) -> None:
+def append_jsonl(path: Path, *records: JsonObject) -> None:
     """Append ``records`` to ``path`` (created with its folder), one line each.
 
     After a line torn by a crash, the first record starts a new line: it is not glued to (and lost

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fineenvs.config import LoggerKind, LoggerSpec
+from fineenvs.jsonl import JsonObject
 
 PREFIXES = ("rollout", "reward", "train", "proxy", "eval", "fidelity", "time")
 
@@ -83,11 +84,11 @@ class MetricLogger:
         self.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[JsonObject]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def write_summary(out: Path, title: str, summary: dict[str, Any]) -> None:
+def write_summary(out: Path, title: str, summary: JsonObject) -> None:
     """``summary.json`` in the run directory, and the same lines on stdout."""
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\n{title}")

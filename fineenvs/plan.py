@@ -20,6 +20,7 @@ from fineenvs.config import (
     WeightSyncKind,
     serving_profile,
 )
+from fineenvs.jsonl import JsonObject
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
 
@@ -387,7 +388,7 @@ def _cpu_model_problems(run: RunConfig) -> list[str]:
     return [] if config is None else cpu_serving_problems(config, run.model.name)
 
 
-def model_config_dict(run: RunConfig) -> dict[str, Any] | None:
+def model_config_dict(run: RunConfig) -> JsonObject | None:
     """The model's ``config.json`` as a dict: a tiny model's (from its spec, without building it) or
     a local directory's; None for a Hub id (nothing is downloaded to look)."""
     m = run.model
@@ -399,7 +400,7 @@ def model_config_dict(run: RunConfig) -> dict[str, Any] | None:
     if path.is_file():
         import json
 
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: JsonObject = json.loads(path.read_text())
         return data
     return None
 

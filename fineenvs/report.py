@@ -20,7 +20,7 @@ from typing import Any
 
 import matplotlib
 
-from fineenvs.jsonl import read_jsonl
+from fineenvs.jsonl import JsonObject, read_jsonl
 from fineenvs.results import label
 
 matplotlib.use("Agg")
@@ -42,7 +42,7 @@ def find_runs(root: Path) -> list[Path]:
     return runs
 
 
-def _series(metrics: list[dict[str, Any]], suffix: str) -> dict[str, tuple[list[int], list[float]]]:
+def _series(metrics: list[JsonObject], suffix: str) -> dict[str, tuple[list[int], list[float]]]:
     """Per-harness series of ``rollout/harness/<h>/<suffix>``."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for row in metrics:
@@ -74,7 +74,7 @@ def _plot_lines(
     return True
 
 
-def _plot_tool_calls(attempts: list[dict[str, Any]], path: Path) -> bool:
+def _plot_tool_calls(attempts: list[JsonObject], path: Path) -> bool:
     by_harness: dict[str, list[int]] = defaultdict(list)
     for a in attempts:
         if a.get("tool_calls") is not None:
@@ -93,7 +93,7 @@ def _plot_tool_calls(attempts: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def _plot_matrix(results: dict[str, Any], path: Path) -> bool:
+def _plot_matrix(results: JsonObject, path: Path) -> bool:
     matrix = results.get("pass_at_1") or {}
     if not matrix:
         return False
@@ -156,7 +156,7 @@ def render_run(run_dir: Path, out_dir: Path, prefix: str) -> tuple[str, list[Pat
     add(_plot_matrix(results, p), p)
 
     if attempts:
-        per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        per: dict[str, list[JsonObject]] = defaultdict(list)
         for a in attempts:
             per[a["harness"]].append(a)
         rows = []

@@ -18,9 +18,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from fineenvs.jsonl import append_jsonl, read_jsonl
+from fineenvs.jsonl import JsonObject, append_jsonl, read_jsonl
 from fineenvs.metrics import metric_key
 
 log = logging.getLogger("fineenvs.results")
@@ -66,7 +65,7 @@ class EvalAttempt:
         return self.reward is not None and self.reward > 0
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EvalAttempt:
+    def from_json(cls, data: JsonObject) -> EvalAttempt:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -101,7 +100,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def cell_stats(task_ids: Sequence[str], attempts: Sequence[EvalAttempt]) -> dict[str, Any]:
+def cell_stats(task_ids: Sequence[str], attempts: Sequence[EvalAttempt]) -> JsonObject:
     """Statistics of one checkpoint x harness over ``task_ids`` (attempts of that pair only)."""
     by_task: dict[str, list[EvalAttempt]] = defaultdict(list)
     for a in attempts:
@@ -142,10 +141,10 @@ def co_solved(
     base: dict[tuple[str, str], EvalAttempt],
     other: dict[tuple[str, str], EvalAttempt],
     harnesses: Sequence[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     """Tool calls on the (task, harness) cells both checkpoints solved (with a tool count on both)."""
 
-    def summary(keys: list[tuple[str, str]]) -> dict[str, Any]:
+    def summary(keys: list[tuple[str, str]]) -> JsonObject:
         b = [float(base[k].tool_calls or 0) for k in keys]
         o = [float(other[k].tool_calls or 0) for k in keys]
         mb, mo = _mean(b), _mean(o)
@@ -184,14 +183,14 @@ def paired(
     second: dict[tuple[str, str], EvalAttempt],
     task_ids: Sequence[str],
     harnesses: Sequence[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     """Two checkpoints on the same cells: ``won`` (cells ``second`` solved and ``first`` did not),
     ``lost`` (the reverse) and ``p``, the one-sided exact sign test's chance of at least that many
     wins if ``second`` were no better — over all harnesses and ``per_harness``. Pairing removes the
     tasks' difficulty from the comparison, so it resolves differences that two pass@1 intervals
     over the same tasks cannot. A cell without a graded attempt counts as unsolved, as in pass@1."""
 
-    def count(hs: Sequence[str]) -> dict[str, Any]:
+    def count(hs: Sequence[str]) -> JsonObject:
         won = lost = 0
         for h in hs:
             for t in task_ids:
@@ -214,7 +213,7 @@ def compute_results(
     task_ids: Sequence[str],
     split: str,
     steps: dict[str, int] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The results document (module docstring) from every attempt; attempts outside the given
     checkpoints, harnesses or tasks are ignored."""
     tasks = set(task_ids)
@@ -225,7 +224,7 @@ def compute_results(
     cells = {c: {h: cell_stats(task_ids, by_pair[(c, h)]) for h in harnesses} for c in checkpoints}
     finals = deciding_attempts([a for a in attempts if a.task_id in tasks])
     total = len(task_ids) * len(harnesses)
-    results: dict[str, Any] = {
+    results: JsonObject = {
         "schema": SCHEMA_VERSION,
         "split": split,
         "tasks": len(task_ids),
@@ -255,14 +254,14 @@ def compute_results(
     return results
 
 
-def write_results(path: Path, results: dict[str, Any]) -> None:
+def write_results(path: Path, results: JsonObject) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2))
     tmp.replace(path)
 
 
-def eval_metrics(results: dict[str, Any], checkpoint: str) -> dict[str, float]:
+def eval_metrics(results: JsonObject, checkpoint: str) -> dict[str, float]:
     """W&B / metrics.jsonl keys of one checkpoint: ``eval/pass_at_1``, ``eval/harness/<h>/...``."""
     out: dict[str, float] = {metric_key("eval", "pass_at_1"): float(results["overall"][checkpoint])}
     tools: list[float] = []
@@ -293,7 +292,7 @@ def label(checkpoint: str) -> str:
     return f"{p.parent.name}/{p.name}" if p.parent.name and len(p.parts) > 1 else checkpoint
 
 
-def format_tables(results: dict[str, Any]) -> str:
+def format_tables(results: JsonObject) -> str:
     """The published tables: checkpoint x harness pass@1 with overall, co-solved tool calls, details."""
     hs: list[str] = results["harnesses"]
     ckpts: list[str] = results["checkpoints"]

@@ -225,11 +225,23 @@ def _any_count(annotation: ast.AST) -> int:
     )
 
 
+def _json_object_count(annotation: ast.AST) -> int:
+    return sum(
+        1
+        for n in ast.walk(annotation)
+        if (isinstance(n, ast.Name) and n.id == "JsonObject")
+        or (isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"\bJsonObject\b", n.value))
+    )
+
+
 def any_annotations() -> Measure:
-    total = returns = 0
+    """Bare ``Any``; ``JsonObject`` (a parsed JSON object, ``dict[str, Any]`` by another name) is
+    counted beside it, so naming JSON does not pass for typing it."""
+    total = returns = json_objects = 0
     for path in _py_files(LIBRARY):
         for annotation, is_return in _annotations(ast.parse(path.read_text())):
             total += _any_count(annotation)
+            json_objects += _json_object_count(annotation)
             returns += is_return and _any_count(annotation) == 1 and not isinstance(annotation, ast.Subscript)
     at_seams = []
     for rel, name in SEAMS:
@@ -242,7 +254,7 @@ def any_annotations() -> Measure:
                 at_seams.append(name)
     return Measure(
         "`Any` in annotations (at the top floor's seams)",
-        f"{total} ({returns} `-> Any`); seams with Any: {', '.join(at_seams) or 'none'}",
+        f"{total} ({returns} `-> Any`; besides, {json_objects} `JsonObject`); seams with Any: {', '.join(at_seams) or 'none'}",
         "<= 150, none at the seams",
         total <= 150 and not at_seams,
     )

@@ -51,6 +51,7 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
 from fineenvs.jobs.errors import EvalError, RunAborted
 from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
+from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import MetricLogger
 from fineenvs.results import (
     EvalAttempt,
@@ -355,7 +356,7 @@ async def _run_eval(run: RunConfig) -> float:
         f"tasks = {len(keys) * len(harnesses) * len(task_ids)} cells -> {out}",
         flush=True,
     )
-    results: dict[str, Any] = {}
+    results: JsonObject = {}
     for i, (key, ckpt_run) in enumerate(checkpoints):
         pending = _pending(attempts, key, task_ids, harnesses)
         if pending:

@@ -32,7 +32,7 @@ from fineenvs.config import VLLM_WEIGHT_SYNCS, ModelSource, RunConfig, WeightSyn
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import JobRuntime, Probe, check_harnesses, job_runtime
-from fineenvs.jsonl import append_jsonl
+from fineenvs.jsonl import JsonObject, append_jsonl
 from fineenvs.metrics import MetricLogger, metric_key, write_summary
 from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, schedule_hash
@@ -651,7 +651,7 @@ class ProgressDisplay:
             self._task = self._progress.add_task("rl", total=max_steps, info="starting agents")
             self._progress.start()
 
-    def update(self, stats: LoopStats, metrics: dict[str, Any], inflight: int) -> None:
+    def update(self, stats: LoopStats, metrics: JsonObject, inflight: int) -> None:
         reward, ratio = metrics.get("reward/mean"), metrics.get("train/ratio")
         info = (
             f"groups {stats.groups} | attempts {stats.attempts} ({inflight} in flight) | "

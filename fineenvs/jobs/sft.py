@@ -20,11 +20,12 @@ from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import resolve_model_dir
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.teacher import TEACHER_MANIFEST
+from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import write_summary
 from fineenvs.train.sft_config import SFTSettings
 
 
-def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], dict[str, Any]]:
+def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], JsonObject]:
     """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
     path = teacher_dir / TEACHER_MANIFEST
     if not path.is_file():

@@ -22,13 +22,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fineenvs.config import RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
 from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
-from fineenvs.jsonl import append_jsonl, read_jsonl
+from fineenvs.jsonl import JsonObject, append_jsonl, read_jsonl
 from fineenvs.metrics import write_summary
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
@@ -130,14 +129,14 @@ async def collect_pairs(
     return results
 
 
-def _attempt_record(a: AttemptOutcome) -> dict[str, Any]:
+def _attempt_record(a: AttemptOutcome) -> JsonObject:
     rec = {k: v for k, v in asdict(a).items() if k != "rows"}
     rec["rows"] = len(a.rows)
     rec["correct"] = is_correct(a)
     return rec
 
 
-def _pair_record(p: PairResult, attempts_dir: Path) -> dict[str, Any]:
+def _pair_record(p: PairResult, attempts_dir: Path) -> JsonObject:
     kept = p.kept
     return {
         "group_id": p.group.group_id,
@@ -169,12 +168,12 @@ def _sessions_by_attempt(store_dir: Path) -> dict[str, str]:
     return {a: sid for a, (_, sid) in newest.items()}
 
 
-def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> dict[str, Any]:
+def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> JsonObject:
     """``teacher_manifest.json`` from the pairs log and the proxy store; returns the summary."""
     latest = {p["group_id"]: p for p in read_jsonl(out / PAIRS_LOG)}  # a rerun pair's newest line wins
     pairs = list(latest.values())
     sessions = _sessions_by_attempt(store_dir)
-    kept: list[dict[str, Any]] = []
+    kept: list[JsonObject] = []
     missing: list[str] = []
     for p in pairs:
         if not p["kept_attempt"]:
@@ -207,9 +206,9 @@ def write_teacher_manifest(out: Path, store_dir: Path, teacher_model: str) -> di
     return summary
 
 
-def teacher_summary(pairs: list[dict[str, Any]], kept: list[dict[str, Any]]) -> dict[str, Any]:
+def teacher_summary(pairs: list[JsonObject], kept: list[JsonObject]) -> JsonObject:
     harnesses = sorted({p["harness"] for p in pairs})
-    per: dict[str, dict[str, Any]] = {}
+    per: dict[str, JsonObject] = {}
     for h in harnesses:
         mine = [p for p in pairs if p["harness"] == h]
         got = [k for k in kept if k["harness"] == h]

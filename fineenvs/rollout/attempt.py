@@ -21,6 +21,7 @@ import httpx
 
 __all__ = ["AttemptSettings", "ProxyAttemptRunner", "calls_to_nodes"]
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 from fineenvs.trajectory.record import CallRecord, calls_to_nodes
@@ -46,7 +47,7 @@ class ProxyAttemptRunner:
         self,
         settings: AttemptSettings,
         *,
-        tasks: dict[str, Any],
+        tasks: JsonObject,
         reward_fn: Any,
         row_options: Any,
     ) -> None:
@@ -92,7 +93,7 @@ class ProxyAttemptRunner:
         session_id = session["session_id"]
         loop = asyncio.get_running_loop()
 
-        rollout: dict[str, Any] = {}
+        rollout: JsonObject = {}
 
         def proxy_stats() -> ProxyStats | None:
             # Called from the worker thread once the agent's process group is gone: fetch what the

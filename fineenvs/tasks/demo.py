@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.tasks import demo_data as dd
 from fineenvs.tasks.harbor import write_harbor_task
 from fineenvs.tasks.row_layout import build_instruction
@@ -51,7 +51,7 @@ class Spec:
     match_mode: str = "auto"
     atol: float = 0.0
     rtol: float = 0.0
-    params: dict[str, Any] = field(default_factory=dict)
+    params: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def generate_demo(out_dir: Path, seed: int = DEMO_SEED) -> Path:
             files = tables.files()
             for spec in specs:
                 task_id = f"demo-{instance}-{spec.name}"
-                metadata: dict[str, Any] = {
+                metadata: JsonObject = {
                     "task_id": task_id,
                     "difficulty_tier": spec.difficulty,
                     "difficulty_level": LEVELS[spec.difficulty],

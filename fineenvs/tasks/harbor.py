@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.tasks.model import ANSWER_FILE, HiddenAnswer, Task, TaskError
 from fineenvs.tasks.row_layout import answer_type_for, difficulty_for, match_mode_for
 
@@ -57,7 +58,7 @@ def read_harbor_task(task_dir: Path, *, split: str | None = None) -> Task:
         data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TaskError(f"cannot read {toml_path}: {exc}") from exc
-    meta: dict[str, Any] = dict(data.get("metadata", {}))
+    meta: JsonObject = dict(data.get("metadata", {}))
     task_id = str(meta.get("task_id") or task_dir.name)
     gold = _gold_answer(task_dir, data, meta)
     reward_mode = str(meta.get("reward_mode") or meta.get("match_mode") or "")
@@ -111,7 +112,7 @@ def write_harbor_task(
     *,
     task_id: str,
     instruction: str,
-    metadata: dict[str, Any],
+    metadata: JsonObject,
     inputs: dict[str, bytes],
 ) -> Path:
     """Write one task in the Harbor layout under ``root/tasks/<task_id>``; returns its directory."""
@@ -145,7 +146,7 @@ def write_harbor_task(
     return task_dir
 
 
-def dumps_toml(document: dict[str, Any]) -> str:
+def dumps_toml(document: JsonObject) -> str:
     """Serialise the small subset of TOML we write (scalars, lists, one level of tables)."""
     lines: list[str] = []
     tables = [(k, v) for k, v in document.items() if isinstance(v, dict)]
@@ -178,7 +179,7 @@ def _toml_value(value: Any) -> str:
     raise TaskError(f"dumps_toml: cannot write {type(value).__name__} {value!r}")
 
 
-def _gold_answer(task_dir: Path, data: dict[str, Any], meta: dict[str, Any]) -> str:
+def _gold_answer(task_dir: Path, data: JsonObject, meta: JsonObject) -> str:
     for table in (meta, data.get("grading", {}), data):
         for key in GOLD_KEYS:
             if isinstance(table, dict) and table.get(key) not in (None, ""):
@@ -193,7 +194,7 @@ def _gold_answer(task_dir: Path, data: dict[str, Any], meta: dict[str, Any]) -> 
     )
 
 
-def _tolerance(meta: dict[str, Any], key: str, alias: str, default: float, where: Path) -> float:
+def _tolerance(meta: JsonObject, key: str, alias: str, default: float, where: Path) -> float:
     value = meta.get(key, meta.get(alias))
     if value is None or value == "":
         return default

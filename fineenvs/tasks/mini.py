@@ -28,8 +28,8 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.tasks.demo import MANIFEST, ensure_generated, file_digests
 from fineenvs.tasks.harbor import write_harbor_task
 from fineenvs.tasks.row_layout import build_instruction
@@ -173,7 +173,7 @@ def generate_mini(out_dir: Path, seed: int = MINI_SEED) -> Path:
         raise FileExistsError(f"{out_dir} is not empty; generate the mini set into a new directory")
     for split in SPLIT_SIZES:
         for spec in split_specs(split, seed):
-            metadata: dict[str, Any] = {
+            metadata: JsonObject = {
                 "task_id": spec.task_id,
                 "difficulty_tier": "easy",
                 "difficulty_level": 1,

@@ -13,7 +13,8 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+
+from fineenvs.jsonl import JsonObject
 
 ANSWER_FILE = "answer.txt"
 
@@ -76,7 +77,7 @@ class Task:
     input_files: dict[str, Path]
     difficulty: str
     hidden: HiddenAnswer = field(repr=False)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.task_id or "/" in self.task_id or self.task_id in (".", ".."):

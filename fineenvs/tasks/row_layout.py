@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.tasks.model import (
     ANSWER_FILE,
     ANSWER_TYPES,
@@ -177,8 +178,8 @@ def find_rows_file(root: Path, split: str) -> list[Path]:
     return sorted((root / "data").glob(f"{split}-*.parquet")) + sorted((root / "data").glob(f"{split}.jsonl"))
 
 
-def read_rows(paths: list[Path]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def read_rows(paths: list[Path]) -> list[JsonObject]:
+    rows: list[JsonObject] = []
     for path in paths:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.trajectory.findings import Finding
 from fineenvs.trajectory.graph import TrajectoryGraph
 from fineenvs.trajectory.metrics import SessionMetrics
@@ -45,11 +46,11 @@ def _check_version(version: object, what: str) -> None:
 # ---------------------------------------------------------------------- rows
 
 
-def row_to_dict(row: Row) -> dict[str, Any]:
+def row_to_dict(row: Row) -> JsonObject:
     return asdict(row)
 
 
-def row_from_dict(data: dict[str, Any]) -> Row:
+def row_from_dict(data: JsonObject) -> Row:
     return Row(
         row_id=data["row_id"],
         input_ids=list(data["input_ids"]),
@@ -71,7 +72,7 @@ def row_from_dict(data: dict[str, Any]) -> Row:
 # ---------------------------------------------------------------------- one session (JSON)
 
 
-def session_to_json(result: SessionResult) -> dict[str, Any]:
+def session_to_json(result: SessionResult) -> JsonObject:
     """The session as a JSON-ready dict (see the module docstring)."""
     g = result.graph
     discarded = g.discarded()
@@ -113,9 +114,9 @@ def session_to_json(result: SessionResult) -> dict[str, Any]:
     }
 
 
-def session_from_json(data: dict[str, Any] | str | bytes) -> SessionResult:
+def session_from_json(data: JsonObject | str | bytes) -> SessionResult:
     """Read a session document back; the graph is rebuilt and checked against the recorded links."""
-    doc: dict[str, Any] = orjson.loads(data) if isinstance(data, (str, bytes)) else data
+    doc: JsonObject = orjson.loads(data) if isinstance(data, (str, bytes)) else data
     if doc.get("kind") != SESSION_KIND:
         raise SchemaError(
             f"not a fineenvs session document (kind={doc.get('kind')!r}, expected {SESSION_KIND!r})"

@@ -10,8 +10,8 @@ it happened.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.trajectory.graph import DriftBreak, TrajectoryGraph
 from fineenvs.trajectory.rows import RowSet
 
@@ -39,13 +39,13 @@ class SessionMetrics:
     def trainable_token_fraction(self) -> float:
         return self.trainable_tokens / self.sampled_tokens if self.sampled_tokens else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["trainable_token_fraction"] = self.trainable_token_fraction
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SessionMetrics:
+    def from_dict(cls, data: JsonObject) -> SessionMetrics:
         fields = {k: v for k, v in data.items() if k != "trainable_token_fraction"}
         fields["drift_breaks"] = [DriftBreak(**d) for d in data.get("drift_breaks", [])]
         return cls(**fields)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+
+from fineenvs.jsonl import JsonObject
 
 # A behaviour logprob above this is not a log-probability (float noise on a certain token can
 # give a tiny positive number; anything larger means the engine returned something else, e.g.
@@ -38,18 +39,18 @@ class CallNode:
     arrival_index: int
     weight_version: int | None = None
     harness_ids: dict[str, str] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     logprobs_aligned: bool = True
     constrained: bool = False
     """Sampled under a grammar (structured output): its logprobs are the masked, renormalised
     distribution's, not the policy's, so rows keep it as context unless told otherwise."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready form (the format of recorded-session fixtures)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CallNode:
+    def from_dict(cls, data: JsonObject) -> CallNode:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:

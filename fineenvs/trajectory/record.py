@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.trajectory.node import CallNode
 
 CALL_SCHEMA_VERSION = 1
@@ -23,7 +24,7 @@ CALL_SCHEMA_VERSION = 1
 class RecordedRequest(TypedDict):
     """The agent's request as the proxy saw it, in the canonical (OpenAI Chat) form."""
 
-    messages: list[dict[str, Any]]
+    messages: list[JsonObject]
     """The full message list sent for this call (rebuilt from the delta-encoded log on read)."""
     tools_digest: str | None
     tools: NotRequired[Any]
@@ -57,10 +58,10 @@ class CallRecord(TypedDict):
     finish_reason: str | None
     weight_version: int | None
     """The policy version that sampled the call (the engine's own record, when it keeps one)."""
-    weight_versions: list[dict[str, Any]] | None
-    usage: dict[str, Any] | None
+    weight_versions: list[JsonObject] | None
+    usage: JsonObject | None
     request: RecordedRequest
-    response: dict[str, Any]
+    response: JsonObject
     """The assistant message the agent received (canonical form)."""
     dialect: str
     """The API format the agent spoke (``openai_chat``, ``anthropic_messages``, ...)."""
@@ -68,13 +69,13 @@ class CallRecord(TypedDict):
     model_requested: str | None
     served_model: str
     has_tools: bool
-    sampling_requested: dict[str, Any]
-    sampling_applied: dict[str, Any]
+    sampling_requested: JsonObject
+    sampling_applied: JsonObject
     max_tokens_requested: int | None
     max_tokens_applied: int
-    request_params: dict[str, Any]
+    request_params: JsonObject
     dialect_state: Any
-    harness_ids: dict[str, Any]
+    harness_ids: JsonObject
     """Ids the harness sent about itself (session, subagent): recorded, never routed on."""
     notes: list[str]
     constrained: bool
@@ -96,7 +97,7 @@ class EventRecord(TypedDict):
 class SessionLog(TypedDict):
     """A whole session: ``CallStore.read_session``'s answer and the rollout route's body."""
 
-    meta: dict[str, Any] | None
+    meta: JsonObject | None
     calls: list[CallRecord]
     events: list[EventRecord]
 

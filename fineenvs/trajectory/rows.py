@@ -35,8 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.trajectory.graph import TrajectoryGraph
 from fineenvs.trajectory.node import logprob_problem
 
@@ -119,7 +120,7 @@ class Row:
     role: Role
     trainable: bool
     prompt_len: int  # the root call's prompt length
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
     loss_weight: list[float] | None = None
     cut: bool = False  # shortened by the "split" rule
     weight_version: int | None = None
@@ -159,7 +160,7 @@ class RowSet:
 
 
 def build_rows(
-    graph: TrajectoryGraph, options: RowOptions | None = None, metadata: dict[str, Any] | None = None
+    graph: TrajectoryGraph, options: RowOptions | None = None, metadata: JsonObject | None = None
 ) -> RowSet:
     """Rows for every root-to-leaf path, filtered and cut by ``options``, with counters."""
     options = options or RowOptions()
@@ -215,7 +216,7 @@ def _make_row(
     end_ids: list[int],
     path: list[int],
     role: Role,
-    metadata: dict[str, Any],
+    metadata: JsonObject,
     train_constrained: bool = False,
 ) -> Row:
     n = len(end_ids)

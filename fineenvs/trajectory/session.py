@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.trajectory.findings import Finding, is_fatal, refusal, validate
 from fineenvs.trajectory.graph import TrajectoryGraph
 from fineenvs.trajectory.metrics import SessionMetrics, session_metrics
@@ -18,7 +18,7 @@ class SessionResult:
     rows: RowSet
     findings: list[Finding]
     metrics: SessionMetrics
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
 
     @property
     def trainable(self) -> bool:
@@ -38,7 +38,7 @@ class SessionResult:
 
 def build_session(
     nodes: list[CallNode],
-    metadata: dict[str, Any] | None = None,
+    metadata: JsonObject | None = None,
     options: RowOptions | None = None,
     *,
     min_calls: int = 2,
