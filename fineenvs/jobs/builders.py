@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig, engine_dtype
 from fineenvs.rollout.attempt import AttemptSettings
@@ -22,6 +22,9 @@ from fineenvs.trajectory import RowOptions
 
 if TYPE_CHECKING:
     from fineenvs.engine.handle import EngineHandle
+    from fineenvs.engine.weights import WeightSync
+    from fineenvs.rewards import RewardResult
+    from fineenvs.tasks.model import Task
 
 
 def resolve_model_dir(run: RunConfig) -> Path:
@@ -34,7 +37,7 @@ def resolve_model_dir(run: RunConfig) -> Path:
     return Path(m.path)
 
 
-def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Any]:
+def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Task]:
     """The run's tasks in their fixed order: filters, then the training subset, then ``tasks.limit``."""
     from fineenvs.tasks import TaskFilter, TrainingSubset, load_tasks
 
@@ -103,7 +106,7 @@ def start_engine(
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
 
 
-def attached_weight_sync(run: RunConfig, url: str, out: Path) -> Any:
+def attached_weight_sync(run: RunConfig, url: str, out: Path) -> WeightSync | None:
     """How the trainer pushes into a server someone else started (``engine.url``)."""
     from fineenvs.config import WeightSyncKind
     from fineenvs.engine.weights import EmbeddedWeightSync, vllm_weight_sync
@@ -134,7 +137,7 @@ def apply_trainer_devices(run: RunConfig) -> str | None:
     return value
 
 
-def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack | AsyncExitStack) -> str:
+def start_proxy(run: RunConfig, engine: EngineHandle, out: Path, stack: ExitStack | AsyncExitStack) -> str:
     """The capture proxy as a child process on loopback; returns its base URL."""
     from fineenvs.engine.launcher import free_port, launched
 
@@ -168,7 +171,7 @@ def start_proxy(run: RunConfig, engine: Any, out: Path, stack: ExitStack | Async
     return url
 
 
-def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool], Any]:
+def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool], RewardResult]:
     """``(correct, tool_calls, verified) -> RewardResult`` for the run's validated reward config.
 
     ``reward.require_verified_tool_count=false`` trusts any tool count (the proxy's count of the
@@ -178,7 +181,7 @@ def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool]
     spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     trust_any = not run.reward.require_verified_tool_count
 
-    def reward(correct: float | None, tool_calls: int | None, verified: bool) -> Any:
+    def reward(correct: float | None, tool_calls: int | None, verified: bool) -> RewardResult:
         return compute_reward(correct, tool_calls, verified or (trust_any and tool_calls is not None), spec)
 
     return reward

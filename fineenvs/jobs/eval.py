@@ -45,7 +45,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
@@ -69,6 +69,9 @@ from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
 from fineenvs.trajectory import Row, RowOptions
 from fineenvs.trajectory.record import CallRecord
+
+if TYPE_CHECKING:
+    from fineenvs.tasks.model import Task
 
 log = logging.getLogger("fineenvs.jobs.eval")
 
@@ -225,7 +228,7 @@ def resolve_checkpoints(run: RunConfig) -> list[tuple[str, RunConfig]]:
     return out
 
 
-def eval_tasks(run: RunConfig, limit: int | None) -> list[Any]:
+def eval_tasks(run: RunConfig, limit: int | None) -> list[Task]:
 
     tasks = load_run_tasks(
         dataclasses.replace(run, tasks=dataclasses.replace(run.tasks, limit=limit)), run.eval.split
@@ -254,7 +257,7 @@ async def _evaluate_served(
     out: Path,
     proxy_url: str,
     served: str,
-    tasks: list[Any],
+    tasks: list[Task],
     records: Path,
     prior: list[EvalAttempt],
     policy_version: int = 0,
@@ -300,7 +303,7 @@ async def _serve_and_evaluate(
     *,
     checkpoint: str,
     out: Path,
-    tasks: list[Any],
+    tasks: list[Task],
     records: Path,
     prior: list[EvalAttempt],
     engine_url: str | None = None,

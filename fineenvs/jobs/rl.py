@@ -26,7 +26,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fineenvs.config import VLLM_WEIGHT_SYNCS, ModelSource, RunConfig, WeightSyncKind, engine_dtype
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
@@ -40,6 +40,16 @@ from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutSt
 from fineenvs.tasks.model import Task
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.trajectory import RowOptions
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from fineenvs.engine.handle import EngineHandle
+    from fineenvs.engine.parity import ParityGate
+    from fineenvs.rollout.scheduler import AttemptOutcome
+    from fineenvs.train.grpo import CapturedGRPOTrainer
+    from fineenvs.train.lockstep import Lockstep
+    from fineenvs.train.train_rows import TrainRow
 
 log = logging.getLogger("fineenvs.jobs.rl")
 
@@ -78,7 +88,7 @@ class LoopStats:
 
 def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
     """Per-harness reward/pass/tool/row/duration metrics for the groups of one step."""
-    by: dict[str, list[Any]] = defaultdict(list)
+    by: dict[str, list[AttemptOutcome]] = defaultdict(list)
     kinds: dict[str, Counter[str]] = defaultdict(Counter)
     for g in groups:
         by[g.planned.harness].extend(g.attempts)
@@ -330,7 +340,13 @@ class _RLLoop:
     settings: GRPOSettings
 
     def __init__(
-        self, run: RunConfig, settings: GRPOSettings, trainer: Any, lock: Any, out: Path, started: float
+        self,
+        run: RunConfig,
+        settings: GRPOSettings,
+        trainer: CapturedGRPOTrainer,
+        lock: Lockstep,
+        out: Path,
+        started: float,
     ) -> None:
         self.run, self.settings, self.trainer, self.lock, self.out = run, settings, trainer, lock, out
         self.started = started
@@ -342,7 +358,7 @@ class _RLLoop:
         self.engine_dtype = engine_dtype(run)
         # vLLM loads pushed tensors by checkpoint names; the embedded engine by the model's own.
         self.checkpoint_names = self.sync in VLLM_WEIGHT_SYNCS
-        self.gate: Any = None  # the engine-trainer parity gate, once the engine runs
+        self.gate: ParityGate | None = None  # the engine-trainer parity gate, once the engine runs
         self.runtime: JobRuntime | None = None
         self.logger: MetricLogger | None = None
         self.start_metrics: dict[str, float] = {}
@@ -571,7 +587,7 @@ class _RLLoop:
         )
 
 
-def parity_gate(run: RunConfig, engine: Any, out: Path) -> Any:
+def parity_gate(run: RunConfig, engine: EngineHandle, out: Path) -> ParityGate:
     """The engine-trainer parity gate for this run's engine (``fineenvs.engine.parity``)."""
     from fineenvs.engine.parity import ParityGate, tolerance
 
@@ -585,7 +601,7 @@ def in_training_eval_due(step: int, t: GRPOSettings) -> bool:
     return step % t.eval_steps == 0 and (t.eval_at_end or step < t.max_steps)
 
 
-def advantage_metrics(rows: list[Any], harness_of: dict[str, str]) -> dict[str, float]:
+def advantage_metrics(rows: list[TrainRow], harness_of: dict[str, str]) -> dict[str, float]:
     """Rows of one step trained with advantage 0 (no signal), per harness and in all."""
     zero: Counter[str] = Counter()
     total: Counter[str] = Counter()
@@ -599,7 +615,7 @@ def advantage_metrics(rows: list[Any], harness_of: dict[str, str]) -> dict[str, 
     return out
 
 
-def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
+def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[TrainRow]:
     """Every trainable row of every graded attempt, stamped with its attempt's advantage."""
     from fineenvs.train.train_rows import TrainRow, group_advantages, reward_std
 
@@ -625,7 +641,7 @@ def _stamp_rows(groups: list[GroupOutcome], scale: str) -> list[Any]:
     return rows
 
 
-def _row_version(row: Any, fallback: int) -> int:
+def _row_version(row: object, fallback: int) -> int:
     version = getattr(row, "weight_version", None)
     return version if isinstance(version, int) else fallback
 
@@ -637,7 +653,7 @@ class ProgressDisplay:
     def __init__(self, max_steps: int, started: float) -> None:
         self.max_steps = max_steps
         self.started = started
-        self._progress: Any = None
+        self._progress: Progress | None = None
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import resolve_model_dir
@@ -24,8 +24,11 @@ from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import write_summary
 from fineenvs.train.sft_config import SFTSettings
 
+if TYPE_CHECKING:
+    from fineenvs.train.sft_trainer import TeacherSession
 
-def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], JsonObject]:
+
+def load_teacher_sessions(teacher_dir: Path) -> tuple[list[TeacherSession], JsonObject]:
     """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
     path = teacher_dir / TEACHER_MANIFEST
     if not path.is_file():
@@ -53,19 +56,19 @@ def load_teacher_sessions(teacher_dir: Path) -> tuple[list[Any], JsonObject]:
     return sessions, manifest
 
 
-def select_rollouts(sessions: list[Any], t: SFTSettings) -> list[Any]:
+def select_rollouts(sessions: list[TeacherSession], t: SFTSettings) -> list[TeacherSession]:
     """The sessions trained on: ``t.rollout_slices`` of each harness's, then ``t.max_rollouts_per_harness``.
 
     Both count in task-id order per harness, so a slice names the same rollouts however the
     collection's manifest is ordered."""
     if not t.rollout_slices and t.max_rollouts_per_harness is None:
         return sessions
-    by_harness: dict[str, list[Any]] = {}
+    by_harness: dict[str, list[TeacherSession]] = {}
     for s in sorted(sessions, key=lambda s: (s.harness, s.task_id)):
         by_harness.setdefault(s.harness, []).append(s)
     for harness in t.rollout_slices:
         by_harness.setdefault(harness, [])
-    kept: list[Any] = []
+    kept: list[TeacherSession] = []
     for harness, rollouts in by_harness.items():
         bounds = t.rollout_slices.get(harness)
         if bounds is not None:
