@@ -230,7 +230,9 @@ def _json_object_count(annotation: ast.AST) -> int:
         1
         for n in ast.walk(annotation)
         if (isinstance(n, ast.Name) and n.id == "JsonObject")
-        or (isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"\bJsonObject\b", n.value))
+        or (
+            isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"\bJsonObject\b", n.value)
+        )
     )
 
 

@@ -25,7 +25,7 @@ from fineenvs.metrics import write_summary
 from fineenvs.train.sft_config import SFTSettings
 
 if TYPE_CHECKING:
-    from fineenvs.train.sft_trainer import TeacherSession
+    from fineenvs.train.sft_trainer import DatasetStats, SFTExample, SFTResult, TeacherSession
 
 
 def load_teacher_sessions(teacher_dir: Path) -> tuple[list[TeacherSession], JsonObject]:
@@ -115,6 +115,7 @@ def _eos_ids(model_dir: Path) -> list[int]:
 
 
 def run_sft(run: RunConfig) -> float | None:
+    """Re-render the kept teacher rollouts for the student, write the dataset, fine-tune, summarise."""
     t = run.trainer
     assert isinstance(t, SFTSettings) and t.teacher_dir, "validate() requires trainer=sft and a teacher_dir"
     out = Path(str(run.output_dir))
@@ -122,70 +123,10 @@ def run_sft(run: RunConfig) -> float | None:
     started = time.monotonic()
     sessions, manifest = load_teacher_sessions(Path(t.teacher_dir))
     sessions = select_rollouts(sessions, t)
-    from transformers import AutoTokenizer
-
-    from fineenvs.metrics import MetricLogger
-    from fineenvs.train.sft_trainer import (
-        StudentRenderer,
-        build_sft_examples,
-        merge_turns,
-        train_sft,
-        write_examples,
-    )
-
-    harnesses = list(run.harness)
-    available = sorted({s.harness for s in sessions})
-    if not set(harnesses) & set(available):
-        raise RunAborted(
-            f"the teacher collection in {t.teacher_dir} kept sessions for {available or 'no harness'}, none of "
-            f"the configured harnesses {harnesses}. Fix: harness=<one of those>, or collect with these harnesses."
-        )
+    _check_harnesses_kept(run, t, sessions)
     model_dir = resolve_model_dir(run)
-    renderer = StudentRenderer(
-        AutoTokenizer.from_pretrained(model_dir),
-        chat_template=student_chat_template(run),
-        template_kwargs=dict(run.model.chat_template_kwargs),
-        eos_token_ids=_eos_ids(model_dir),
-    )
-    examples, stats = build_sft_examples(
-        sessions,
-        renderer,
-        harnesses=harnesses,
-        max_length=t.max_length,
-        drop_auxiliary=run.rows.drop_auxiliary,
-    )
-    turns = len(examples)
-    if t.merge_turns:
-        examples = merge_turns(examples)
-    data_dir = out / "sft_dataset"
-    write_examples(data_dir / "examples.jsonl", examples)
-    dataset_info = {
-        "teacher_dir": str(t.teacher_dir),
-        "teacher_model": manifest.get("teacher_model"),
-        "student_model": run.model.path,
-        "harnesses": harnesses,
-        "rerendered": True,
-        "turns": turns,
-        "merged_turns": t.merge_turns,
-        **stats.to_json(),
-    }
-    (data_dir / "dataset.json").write_text(json.dumps(dataset_info, indent=2))
-    print(
-        f"SFT dataset: {len(examples)} examples ({turns} assistant turns) from {sum(stats.sessions.values())} teacher rollouts "
-        f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
-        flush=True,
-    )
-    losses: list[float] = []
-    with MetricLogger(
-        run.logger, out, run_name=run.logger.name or run.experiment or "sft", config=run
-    ) as logger:
-
-        def on_log(metrics: dict[str, float], step: int) -> None:
-            if "train/loss" in metrics:
-                losses.append(metrics["train/loss"])
-            logger.log(metrics, step=step)
-
-        result = train_sft(model_dir, examples, t, out, on_log=on_log)
+    examples, stats = _write_dataset(run, t, sessions, manifest, model_dir, out / "sft_dataset")
+    result, losses = _fine_tune(run, t, model_dir, examples, out)
     summary = {
         "examples": len(examples),
         "teacher_rollouts": sum(stats.sessions.values()),
@@ -203,3 +144,85 @@ def run_sft(run: RunConfig) -> float | None:
     }
     write_summary(out, "fineenvs SFT summary", summary)
     return None
+
+
+def _check_harnesses_kept(run: RunConfig, t: SFTSettings, sessions: list[TeacherSession]) -> None:
+    harnesses = list(run.harness)
+    available = sorted({s.harness for s in sessions})
+    if not set(harnesses) & set(available):
+        raise RunAborted(
+            f"the teacher collection in {t.teacher_dir} kept sessions for {available or 'no harness'}, none of "
+            f"the configured harnesses {harnesses}. Fix: harness=<one of those>, or collect with these harnesses."
+        )
+
+
+def _write_dataset(
+    run: RunConfig,
+    t: SFTSettings,
+    sessions: list[TeacherSession],
+    manifest: JsonObject,
+    model_dir: Path,
+    data_dir: Path,
+) -> tuple[list[SFTExample], DatasetStats]:
+    """The student's examples: each kept rollout re-rendered in the student's chat template (turns
+    merged where they chain), written with what they came from."""
+    from transformers import AutoTokenizer
+
+    from fineenvs.train.sft_trainer import StudentRenderer, build_sft_examples, merge_turns, write_examples
+
+    harnesses = list(run.harness)
+    renderer = StudentRenderer(
+        AutoTokenizer.from_pretrained(model_dir),
+        chat_template=student_chat_template(run),
+        template_kwargs=dict(run.model.chat_template_kwargs),
+        eos_token_ids=_eos_ids(model_dir),
+    )
+    examples, stats = build_sft_examples(
+        sessions,
+        renderer,
+        harnesses=harnesses,
+        max_length=t.max_length,
+        drop_auxiliary=run.rows.drop_auxiliary,
+    )
+    turns = len(examples)
+    if t.merge_turns:
+        examples = merge_turns(examples)
+    write_examples(data_dir / "examples.jsonl", examples)
+    dataset_info = {
+        "teacher_dir": str(t.teacher_dir),
+        "teacher_model": manifest.get("teacher_model"),
+        "student_model": run.model.path,
+        "harnesses": harnesses,
+        "rerendered": True,
+        "turns": turns,
+        "merged_turns": t.merge_turns,
+        **stats.to_json(),
+    }
+    (data_dir / "dataset.json").write_text(json.dumps(dataset_info, indent=2))
+    print(
+        f"SFT dataset: {len(examples)} examples ({turns} assistant turns) from {sum(stats.sessions.values())} teacher rollouts "
+        f"(per harness: {stats.examples}); skipped turns: {stats.skipped or 'none'}",
+        flush=True,
+    )
+    return examples, stats
+
+
+def _fine_tune(
+    run: RunConfig, t: SFTSettings, model_dir: Path, examples: list[SFTExample], out: Path
+) -> tuple[SFTResult, list[float]]:
+    """TRL's SFT on the examples, logging every step; returns its result and the logged losses."""
+    from fineenvs.metrics import MetricLogger
+    from fineenvs.train.sft_trainer import train_sft
+
+    losses: list[float] = []
+    with MetricLogger(
+        run.logger, out, run_name=run.logger.name or run.experiment or "sft", config=run
+    ) as logger:
+
+        def on_log(metrics: dict[str, float], step: int) -> None:
+            if "train/loss" in metrics:
+                losses.append(metrics["train/loss"])
+            logger.log(metrics, step=step)
+
+        result = train_sft(model_dir, examples, t, out, on_log=on_log)
+    return result, losses

@@ -15,7 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -26,6 +26,11 @@ from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome
 from fineenvs.trajectory.record import CallRecord, calls_to_nodes
 from fineenvs.trajectory.rows import Row
+
+if TYPE_CHECKING:
+    from fineenvs.harnesses.sandbox import AttemptResult
+    from fineenvs.tasks.grader import Grade
+    from fineenvs.tasks.model import Task
 
 
 @dataclass
@@ -47,7 +52,7 @@ class ProxyAttemptRunner:
         self,
         settings: AttemptSettings,
         *,
-        tasks: JsonObject,
+        tasks: dict[str, Task],
         reward_fn: Any,
         row_options: Any,
     ) -> None:
@@ -62,10 +67,7 @@ class ProxyAttemptRunner:
         await self.client.aclose()
 
     async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:
-        from fineenvs.harnesses import get_harness
-        from fineenvs.harnesses.sandbox import ProxyStats, proxy_stats_from_rollout, run_attempt
-
-        s = self.settings
+        """One attempt: a proxy session, the agent in its sandbox, the rows of its calls, the grade."""
         attempt_id = group.attempt_ids[attempt_index]
         task = self.tasks[group.task_id]
         outcome = AttemptOutcome(
@@ -77,6 +79,29 @@ class ProxyAttemptRunner:
             reward=None,
         )
         started = time.monotonic()
+        session = await self._open_session(group, attempt_id, policy_version)
+        attempt_dir = self.settings.attempts_dir / group.group_id / attempt_id
+        result, rollout = await self._run_agent(group, task, session, attempt_dir)
+        outcome.exit_reason = result.exit_reason
+        outcome.model_calls = result.proxy_model_calls or 0
+        outcome.duration_seconds = time.monotonic() - started
+        _count_tool_calls(outcome, result)
+        calls: list[CallRecord] = rollout.get("calls", [])
+        outcome.rows, outcome.metrics = self._rows(calls, outcome)
+        if result.exit_reason == "wiring_failure":
+            outcome.error = f"{group.harness} made no model call: wiring failure ({result.detail})"
+            return outcome
+        grade = await asyncio.to_thread(self._grade, task, attempt_dir / "work")
+        correct = grade.score
+        if correct is None:
+            outcome.error = f"ungraded: {grade.reason}"
+        reward = self.reward_fn(correct, outcome.tool_calls, outcome.tool_calls_verified)
+        outcome.reward = reward.reward
+        outcome.reward_terms = dict(reward.terms)
+        return outcome
+
+    async def _open_session(self, group: PlannedGroup, attempt_id: str, policy_version: int) -> JsonObject:
+        """A proxy session for the attempt: its key, base URL and model-call budget."""
         resp = await self.client.post(
             "/sessions",
             json={
@@ -85,26 +110,33 @@ class ProxyAttemptRunner:
                 "harness": group.harness,
                 "attempt": attempt_id,
                 "policy_version": policy_version,
-                "max_model_calls": s.max_model_calls,
+                "max_model_calls": self.settings.max_model_calls,
             },
         )
         resp.raise_for_status()
-        session = resp.json()
-        session_id = session["session_id"]
-        loop = asyncio.get_running_loop()
+        session: JsonObject = resp.json()
+        return session
 
+    async def _run_agent(
+        self, group: PlannedGroup, task: Task, session: JsonObject, attempt_dir: Path
+    ) -> tuple[AttemptResult, JsonObject]:
+        """Run the agent in its sandbox (a worker thread); returns its result and the proxy's record
+        of the session's calls."""
+        from fineenvs.harnesses import get_harness
+        from fineenvs.harnesses.sandbox import ProxyStats, proxy_stats_from_rollout, run_attempt
+
+        s = self.settings
+        rollout_url = f"/sessions/{session['session_id']}/rollout?trajectory=false"
+        loop = asyncio.get_running_loop()
         rollout: JsonObject = {}
 
         def proxy_stats() -> ProxyStats | None:
             # Called from the worker thread once the agent's process group is gone: fetch what the
             # proxy recorded (on the loop that owns the client).
-            fut = asyncio.run_coroutine_threadsafe(
-                self.client.get(f"/sessions/{session_id}/rollout?trajectory=false"), loop
-            )
+            fut = asyncio.run_coroutine_threadsafe(self.client.get(rollout_url), loop)
             rollout.update(fut.result(timeout=60).json())
             return proxy_stats_from_rollout(rollout)
 
-        attempt_dir = s.attempts_dir / group.group_id / attempt_id
         result = await asyncio.to_thread(
             run_attempt,
             get_harness(group.harness),
@@ -120,36 +152,11 @@ class ProxyAttemptRunner:
             use_bwrap=s.use_bwrap,
             proxy_stats=proxy_stats,
         )
-        outcome.exit_reason = result.exit_reason
-        outcome.model_calls = result.proxy_model_calls or 0
-        outcome.duration_seconds = time.monotonic() - started
-        # Tool calls: the agent's own log is the verified count (published: ATIF); the proxy's
-        # count of emitted tool calls is the fallback, and a disagreement leaves it unverified.
-        if result.native_tool_calls is not None:
-            outcome.tool_calls = result.native_tool_calls
-            outcome.tool_calls_verified = not result.tool_calls_disagree
-        else:
-            outcome.tool_calls = result.proxy_tool_calls
-            outcome.tool_calls_verified = False
-
         if not rollout:
-            rollout = (await self.client.get(f"/sessions/{session_id}/rollout?trajectory=false")).json()
-        calls: list[CallRecord] = rollout.get("calls", [])
-        outcome.rows, outcome.metrics = self._rows(calls, outcome)
+            rollout = (await self.client.get(rollout_url)).json()
+        return result, rollout
 
-        if result.exit_reason == "wiring_failure":
-            outcome.error = f"{group.harness} made no model call: wiring failure ({result.detail})"
-            return outcome
-        grade = await asyncio.to_thread(self._grade, task, attempt_dir / "work")
-        correct = grade.score
-        if correct is None:
-            outcome.error = f"ungraded: {grade.reason}"
-        reward = self.reward_fn(correct, outcome.tool_calls, outcome.tool_calls_verified)
-        outcome.reward = reward.reward
-        outcome.reward_terms = dict(reward.terms)
-        return outcome
-
-    def _grade(self, task: Any, workdir: Path) -> Any:
+    def _grade(self, task: Task, workdir: Path) -> Grade:
         from fineenvs.tasks.grader import grade_workdir
 
         return grade_workdir(task, workdir)
@@ -186,3 +193,14 @@ class ProxyAttemptRunner:
         if upstream_s:
             metrics["upstream_s"] = sum(upstream_s) / len(upstream_s)
         return session.training_rows(), metrics
+
+
+def _count_tool_calls(outcome: AttemptOutcome, result: AttemptResult) -> None:
+    """Tool calls: the agent's own log is the verified count (published: ATIF); the proxy's count of
+    emitted tool calls is the fallback, and a disagreement leaves it unverified."""
+    if result.native_tool_calls is not None:
+        outcome.tool_calls = result.native_tool_calls
+        outcome.tool_calls_verified = not result.tool_calls_disagree
+    else:
+        outcome.tool_calls = result.proxy_tool_calls
+        outcome.tool_calls_verified = False
