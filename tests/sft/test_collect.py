@@ -49,7 +49,7 @@ def test_pairs_cover_every_task_and_harness_in_order() -> None:
         "teacher-t00001-codex-a1",
         "teacher-t00001-codex-a2",
     )
-    with pytest.raises(ValueError, match="teacher_attempts_per_task"):
+    with pytest.raises(ValueError, match="attempts_per_task must be >= 1, got 0"):
         teacher_pairs(["a"], ["opencode"], 0)
 
 
