@@ -18,15 +18,15 @@ from pathlib import Path
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
+    LITELLM_OFFLINE,
     OPENAI_CHAT,
-    Harness,
     Launch,
     Outputs,
-    read_text,
-    strip_v1,
-    with_v1,
-    write_json,
+    PypiHarness,
+    sdk_env,
 )
+from fineenvs.harnesses.files import read_text
+from fineenvs.jsonl import JsonObject
 
 CHAT_HISTORY = "aider.chat.history.md"
 LLM_HISTORY = "aider.llm.history.txt"
@@ -34,6 +34,8 @@ METADATA = "aider.model.metadata.json"
 EDIT_FORMAT = "whole"
 # What aider writes to its chat history after applying an edit to a file.
 APPLIED = re.compile(r"^> Applied edit to (.+)$", re.MULTILINE)
+# litellm's names for the endpoint variables.
+LITELLM_URL_ENV = {OPENAI_CHAT: "OPENAI_API_BASE", ANTHROPIC_MESSAGES: "ANTHROPIC_API_BASE"}
 
 
 def _model_name(fmt: str, model: str) -> str:
@@ -41,33 +43,26 @@ def _model_name(fmt: str, model: str) -> str:
     return f"{'openai' if fmt == OPENAI_CHAT else 'anthropic'}/{model}"
 
 
-class Aider(Harness):
+class Aider(PypiHarness):
     name = "aider"
     package = "aider-chat"
-    registry = "pypi"
     version = "0.86.2"
     binary = "aider"
     api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES)
-    default_format = OPENAI_CHAT
     actions_in_text = True
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         # Known metadata for the served model: without it aider fetches litellm's price list from
         # GitHub on every start (the one lookup left once its update check and analytics are off).
-        write_json(
-            launch.home / METADATA,
-            {
-                _model_name(fmt, launch.model): {
-                    "max_input_tokens": 200000,
-                    "max_output_tokens": 8192,
-                    "input_cost_per_token": 0,
-                    "output_cost_per_token": 0,
-                    "litellm_provider": "openai" if fmt == OPENAI_CHAT else "anthropic",
-                    "mode": "chat",
-                }
-            },
-        )
+        metadata = {
+            "max_input_tokens": 200000,
+            "max_output_tokens": 8192,
+            "input_cost_per_token": 0,
+            "output_cost_per_token": 0,
+            "litellm_provider": "openai" if fmt == OPENAI_CHAT else "anthropic",
+            "mode": "chat",
+        }
+        return {METADATA: {_model_name(fmt, launch.model): metadata}}
 
     def command(self, launch: Launch) -> list[str]:
         fmt = self.check_format(launch.api_format)
@@ -103,17 +98,9 @@ class Aider(Harness):
             str(launch.home / ".aider" / "input.history"),
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
+    def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)
-        env = self.base_env(launch.home)
-        if fmt == OPENAI_CHAT:
-            env.update({"OPENAI_API_KEY": launch.session_key, "OPENAI_API_BASE": with_v1(launch.base_url)})
-        else:
-            env.update(
-                {"ANTHROPIC_API_KEY": launch.session_key, "ANTHROPIC_API_BASE": strip_v1(launch.base_url)}
-            )
-        env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"})
-        return env
+        return {**sdk_env(launch, fmt, LITELLM_URL_ENV), **LITELLM_OFFLINE}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
         path = attempt_dir / "home" / CHAT_HISTORY

@@ -7,15 +7,17 @@ to read its own log afterwards. Everything per-agent lives in the one module of 
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
+from fineenvs.harnesses.files import iter_json_lines, json_from, read_text, write_config_file
 from fineenvs.harnesses.node import NODE, compile_cache_dir
+from fineenvs.jsonl import JsonObject
 from fineenvs.paths import harness_cache, installed_version, read_marker
 
 Registry = Literal["npm", "pypi"]
@@ -56,6 +58,29 @@ def with_v1(base_url: str) -> str:
     return strip_v1(base_url) + "/v1"
 
 
+def sdk_base_url(fmt: str, base_url: str) -> str:
+    """The proxy's base URL as a format's official client wants it: the OpenAI clients with ``/v1``,
+    the Anthropic and Google ones without (they append their API version themselves)."""
+    return strip_v1(base_url) if fmt in (ANTHROPIC_MESSAGES, GEMINI) else with_v1(base_url)
+
+
+# The variables the official OpenAI, Anthropic and Google clients read their key and endpoint from.
+SDK_KEY_ENV = {
+    OPENAI_CHAT: "OPENAI_API_KEY",
+    OPENAI_RESPONSES: "OPENAI_API_KEY",
+    ANTHROPIC_MESSAGES: "ANTHROPIC_API_KEY",
+    GEMINI: "GEMINI_API_KEY",
+}
+SDK_URL_ENV = {
+    OPENAI_CHAT: "OPENAI_BASE_URL",
+    OPENAI_RESPONSES: "OPENAI_BASE_URL",
+    ANTHROPIC_MESSAGES: "ANTHROPIC_BASE_URL",
+    GEMINI: "GOOGLE_GEMINI_BASE_URL",
+}
+# litellm's own switches: its bundled model price list instead of a download, no telemetry.
+LITELLM_OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+
+
 @dataclass(frozen=True)
 class Launch:
     """One attempt's launch as an adapter sees it: where its home and work folder are, the proxy it
@@ -75,13 +100,37 @@ class Launch:
     def seen_as(self, home: Path, workdir: Path) -> Launch:
         return replace(self, home=home, workdir=workdir)
 
+    def step_args(self, flag: str) -> list[str]:
+        """``flag`` and the step limit, for an agent that takes it on its command line (none unset)."""
+        return [] if self.step_limit is None else [flag, str(self.step_limit)]
+
+
+def sdk_env(launch: Launch, fmt: str, url_env: dict[str, str] = SDK_URL_ENV) -> dict[str, str]:
+    """The session key and the proxy's URL in the variables ``fmt``'s client reads them from
+    (``url_env`` where the agent names the URL's variable otherwise, as litellm does)."""
+    return {SDK_KEY_ENV[fmt]: launch.session_key, url_env[fmt]: sdk_base_url(fmt, launch.base_url)}
+
+
+class Description(TypedDict):
+    """A harness as ``python -m fineenvs.harnesses list`` shows it."""
+
+    name: str
+    package: str
+    registry: Registry
+    version: str
+    installed: bool
+    path: str
+    formats: list[str]
+    default_format: str
+
 
 class Harness(ABC):
     """One coding-agent CLI at a pinned version.
 
-    Subclasses set the class attributes and implement ``write_config`` and ``command``; ``env``
-    adds agent-specific variables on top of :meth:`base_env`, which is built from scratch so the
-    parent's API keys and other secrets never reach the agent.
+    Subclasses set the class attributes and implement ``command``, and name what else differs:
+    the config files (:meth:`config_files`, or ``write_config`` where a dict will not do) and the
+    agent's variables (:meth:`agent_env`), which ``env`` adds on top of :meth:`base_env`, built
+    from scratch so the parent's API keys and other secrets never reach the agent.
     """
 
     name: str
@@ -89,8 +138,8 @@ class Harness(ABC):
     registry: Registry
     version: str
     binary: str
+    # The formats the agent speaks, the one it speaks unless told otherwise first.
     api_formats: tuple[str, ...]
-    default_format: str
     # Extra requirements installed next to the package (pypi: pins that keep the agent working).
     extra_requirements: tuple[str, ...] = ()
     # Whether the agent honours a step limit we can set (only then is step_limit passed through).
@@ -100,6 +149,10 @@ class Harness(ABC):
     actions_in_text: bool = False
     # PyPI agents whose releases need a newer Python than the project's name it here ("3.12").
     python_version: str | None = None
+
+    @property
+    def default_format(self) -> str:
+        return self.api_formats[0]
 
     # ------------------------------------------------------------------ install layout
     @property
@@ -163,9 +216,16 @@ class Harness(ABC):
             )
         return fmt
 
-    @abstractmethod
     def write_config(self, launch: Launch) -> None:
         """Write the agent's config files under ``home`` (and ``workdir`` where it reads them)."""
+        fmt = self.check_format(launch.api_format)
+        for rel, document in self.config_files(launch, fmt).items():
+            write_config_file(launch.home / rel, document)
+
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        """The agent's config files, by their path under HOME (a ``.toml`` one written as TOML,
+        any other as JSON, which is valid YAML too), for the checked format ``fmt``."""
+        return {}
 
     @abstractmethod
     def command(self, launch: Launch) -> list[str]:
@@ -173,7 +233,11 @@ class Harness(ABC):
 
     def env(self, launch: Launch) -> dict[str, str]:
         """The agent's complete environment (built from scratch; see :meth:`base_env`)."""
-        return self.base_env(launch.home)
+        return {**self.base_env(launch.home), **self.agent_env(launch)}
+
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        """The agent's own variables (its key, endpoint and switches) on top of :meth:`base_env`."""
+        return {}
 
     def base_env(self, home: Path) -> dict[str, str]:
         """PATH/HOME/locale only: nothing from the parent except what is listed here."""
@@ -211,7 +275,7 @@ class Harness(ABC):
         text = stdout.strip() or None
         return Outputs(final_text=text, native_tool_calls=None, detail="stdout only")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         return {
             "name": self.name,
             "package": self.package,
@@ -232,29 +296,41 @@ def _user_name() -> str:
         return "agent"
 
 
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
+class NpmHarness(Harness):
+    """An agent from npm, run on the pinned Node, that prints its run as JSON lines on stdout
+    (``output_detail`` says which flag asks for them): :meth:`read_events` reads them."""
+
+    registry: Registry = "npm"
+    output_detail: str
+
+    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+        events = self.stdout_events(read_text(attempt_dir / "stdout.txt"))
+        final, tool_calls = self.read_events(events)
+        return Outputs(
+            final_text=final, native_tool_calls=tool_calls if events else None, detail=self.output_detail
+        )
+
+    def stdout_events(self, stdout: str) -> list[JsonObject]:
+        return iter_json_lines(stdout)
+
+    @abstractmethod
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
+        """The final text and the tool calls the agent's events report (None: they cannot tell)."""
 
 
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+class PypiHarness(Harness):
+    """An agent from PyPI, in its own venv (``python_version`` where it needs a newer Python)."""
+
+    registry: Registry = "pypi"
 
 
-def iter_json_lines(text: str) -> list[dict[str, Any]]:
-    """The JSON objects among the lines of ``text`` (non-JSON lines skipped)."""
-    out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
+def transcript_outputs(
+    stdout: str, read: Callable[[list[JsonObject]], tuple[str | None, int]], *, detail: str, missing: str
+) -> Outputs:
+    """Outputs of an agent that prints its transcript as one JSON array: what ``read`` finds in its
+    objects, or the plain stdout where it printed none (``missing`` says so in the detail)."""
+    entries = json_from(stdout, "[")
+    if not isinstance(entries, list):
+        return Outputs(final_text=stdout.strip() or None, native_tool_calls=None, detail=missing)
+    final, tool_calls = read([e for e in entries if isinstance(e, dict)])
+    return Outputs(final_text=final, native_tool_calls=tool_calls, detail=detail)

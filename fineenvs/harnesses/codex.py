@@ -12,19 +12,8 @@ which never tries the WebSocket and posts every turn with its full history.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from fineenvs.harnesses.base import (
-    OPENAI_RESPONSES,
-    Harness,
-    HarnessConfigError,
-    Launch,
-    Outputs,
-    iter_json_lines,
-    read_text,
-    with_v1,
-)
+from fineenvs.harnesses.base import OPENAI_RESPONSES, HarnessConfigError, Launch, NpmHarness, with_v1
+from fineenvs.jsonl import JsonObject
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
 # codex exec's own variable for the built-in provider's API key.
@@ -32,19 +21,13 @@ CODEX_KEY_ENV = "CODEX_API_KEY"
 TRANSPORTS = ("websocket", "http")
 
 
-def _toml_str(value: str) -> str:
-    # JSON string escaping is valid TOML basic-string escaping for the characters we emit.
-    return json.dumps(value)
-
-
-class Codex(Harness):
+class Codex(NpmHarness):
     name = "codex"
     package = "@openai/codex"
-    registry = "npm"
     version = "0.171.0"
     binary = "codex"
     api_formats = (OPENAI_RESPONSES,)
-    default_format = OPENAI_RESPONSES
+    output_detail = "exec --json"
 
     def __init__(self, transport: str = "websocket") -> None:
         if transport not in TRANSPORTS:
@@ -53,46 +36,32 @@ class Codex(Harness):
             )
         self.transport = transport
 
-    def write_config(self, launch: Launch) -> None:
-        self.check_format(launch.api_format)
-        common = [
-            f"model = {_toml_str(launch.model)}",
-            "check_for_update_on_startup = false",
-            'approval_policy = "never"',
-            'sandbox_mode = "danger-full-access"',
-        ]
-        tail = [
-            "",
-            "[analytics]",
-            "enabled = false",
-            "",
-            "[features]",
-            "plugins = false",
-            "",
-            "[history]",
-            'persistence = "none"',
-            "",
-        ]
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         if self.transport == "websocket":
             # The built-in provider, only its base URL moved: Codex's default transport.
-            provider = [f"openai_base_url = {_toml_str(with_v1(launch.base_url))}"]
+            provider: JsonObject = {"openai_base_url": with_v1(launch.base_url)}
         else:
             # A custom provider (not the built-in `openai`) never tries the WebSocket.
-            provider = [
-                'model_provider = "fineenvs"',
-                "",
-                "[model_providers.fineenvs]",
-                'name = "fineenvs"',
-                f"base_url = {_toml_str(with_v1(launch.base_url))}",
-                f"env_key = {_toml_str(KEY_ENV)}",
-                'wire_api = "responses"',
-                "request_max_retries = 1",
-                "stream_max_retries = 1",
-            ]
-        text = "\n".join([*common, *provider, *tail])
-        path = launch.home / ".codex" / "config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+            custom = {
+                "name": "fineenvs",
+                "base_url": with_v1(launch.base_url),
+                "env_key": KEY_ENV,
+                "wire_api": "responses",
+                "request_max_retries": 1,
+                "stream_max_retries": 1,
+            }
+            provider = {"model_provider": "fineenvs", "model_providers": {"fineenvs": custom}}
+        config = {
+            "model": launch.model,
+            "check_for_update_on_startup": False,
+            "approval_policy": "never",
+            "sandbox_mode": "danger-full-access",
+            **provider,
+            "analytics": {"enabled": False},
+            "features": {"plugins": False},
+            "history": {"persistence": "none"},
+        }
+        return {".codex/config.toml": config}
 
     def command(self, launch: Launch) -> list[str]:
         return [
@@ -106,14 +75,11 @@ class Codex(Harness):
             launch.task_prompt,
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
+    def agent_env(self, launch: Launch) -> dict[str, str]:
         key_env = CODEX_KEY_ENV if self.transport == "websocket" else KEY_ENV
-        env.update({"CODEX_HOME": str(launch.home / ".codex"), key_env: launch.session_key})
-        return env
+        return {"CODEX_HOME": str(launch.home / ".codex"), key_env: launch.session_key}
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         tool_calls = 0
         final: str | None = None
         for ev in events:
@@ -126,6 +92,4 @@ class Codex(Harness):
             elif kind in ("agent_message", "assistant_message"):
                 text = item.get("text")
                 final = text if isinstance(text, str) else final
-        return Outputs(
-            final_text=final, native_tool_calls=tool_calls if events else None, detail="exec --json"
-        )
+        return final, tool_calls

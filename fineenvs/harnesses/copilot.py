@@ -26,29 +26,25 @@ from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     HarnessConfigError,
     Launch,
-    Outputs,
-    iter_json_lines,
+    NpmHarness,
     node_bin_dir,
-    read_text,
-    strip_v1,
-    with_v1,
+    sdk_base_url,
 )
+from fineenvs.jsonl import JsonObject
 
 PKG_CACHE = "pkg-cache"
 TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_MESSAGES: "anthropic"}
 
 
-class Copilot(Harness):
+class Copilot(NpmHarness):
     name = "copilot"
     package = "@github/copilot"
-    registry = "npm"
     version = "1.0.102"
     binary = "copilot"
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
-    default_format = OPENAI_CHAT
+    output_detail = "--output-format json"
 
     def __init__(self, transport: str = "http") -> None:
         if transport not in ("http", "websocket"):
@@ -100,34 +96,27 @@ class Copilot(Harness):
             str(launch.workdir),
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
+    def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "COPILOT_HOME": str(launch.home / ".copilot"),
-                "COPILOT_PKG_CACHE_HOME": str(self.install_dir / PKG_CACHE),
-                "COPILOT_OFFLINE": "true",
-                "COPILOT_AUTO_UPDATE": "false",
-                "COPILOT_MODEL": launch.model,
-                "COPILOT_PROVIDER_TYPE": TYPE_BY_FORMAT[fmt],
-                # The Anthropic SDK appends /v1 itself; the OpenAI clients want it in the base URL.
-                "COPILOT_PROVIDER_BASE_URL": strip_v1(launch.base_url)
-                if fmt == ANTHROPIC_MESSAGES
-                else with_v1(launch.base_url),
-                "COPILOT_PROVIDER_API_KEY": launch.session_key,
-                "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
-                "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
-            }
-        )
+        env = {
+            "COPILOT_HOME": str(launch.home / ".copilot"),
+            "COPILOT_PKG_CACHE_HOME": str(self.install_dir / PKG_CACHE),
+            "COPILOT_OFFLINE": "true",
+            "COPILOT_AUTO_UPDATE": "false",
+            "COPILOT_MODEL": launch.model,
+            "COPILOT_PROVIDER_TYPE": TYPE_BY_FORMAT[fmt],
+            "COPILOT_PROVIDER_BASE_URL": sdk_base_url(fmt, launch.base_url),
+            "COPILOT_PROVIDER_API_KEY": launch.session_key,
+            "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
+            "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
+        }
         if fmt != ANTHROPIC_MESSAGES:
             env["COPILOT_PROVIDER_WIRE_API"] = "responses" if fmt == OPENAI_RESPONSES else "completions"
         if self.transport == "websocket":
             env["COPILOT_PROVIDER_TRANSPORT"] = "websockets"
         return env
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         tool_calls = 0
         final: str | None = None
         for ev in events:
@@ -139,6 +128,4 @@ class Copilot(Harness):
             content = data.get("content")
             if isinstance(content, str) and content.strip():
                 final = content
-        return Outputs(
-            final_text=final, native_tool_calls=tool_calls if events else None, detail="--output-format json"
-        )
+        return final, tool_calls

@@ -16,21 +16,15 @@ Not covered: a step limit (droid exec has none), Gemini (a custom model with ``p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     Launch,
-    Outputs,
-    iter_json_lines,
-    read_text,
-    strip_v1,
-    with_v1,
-    write_json,
+    NpmHarness,
+    sdk_base_url,
 )
+from fineenvs.jsonl import JsonObject
 
 PROVIDER_BY_FORMAT = {
     OPENAI_CHAT: "generic-chat-completion-api",
@@ -42,41 +36,33 @@ BINARY_VERSION = "0.225.2"
 TOOLS = ("Read", "LS", "Execute", "Edit", "ApplyPatch", "Grep", "Glob", "Create", "TodoWrite")
 
 
-class Droid(Harness):
+class Droid(NpmHarness):
     name = "droid"
     package = "@factory/cli"
-    registry = "npm"
     version = "0.225.1"
     binary = "droid"
     api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
-    default_format = OPENAI_CHAT
     extra_requirements = (f"{BINARY_PACKAGE}@{BINARY_VERSION}",)
+    output_detail = "-o stream-json"
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
-        write_json(
-            launch.home / ".factory" / "settings.json",
-            {
-                "customModels": [
-                    {
-                        "model": launch.model,
-                        "displayName": launch.model,
-                        # The Anthropic SDK appends /v1 itself; the OpenAI clients want it here.
-                        "baseUrl": strip_v1(launch.base_url)
-                        if fmt == ANTHROPIC_MESSAGES
-                        else with_v1(launch.base_url),
-                        "apiKey": launch.session_key,
-                        "provider": PROVIDER_BY_FORMAT[fmt],
-                        "maxOutputTokens": 8192,
-                        "maxContextLimit": 200000,
-                        "noImageSupport": True,
-                    }
-                ],
-                "autoUpdateEnabled": False,
-                "enableCustomDroids": False,
-                "includeCoAuthoredByDroid": False,
-            },
-        )
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        model = {
+            "model": launch.model,
+            "displayName": launch.model,
+            "baseUrl": sdk_base_url(fmt, launch.base_url),
+            "apiKey": launch.session_key,
+            "provider": PROVIDER_BY_FORMAT[fmt],
+            "maxOutputTokens": 8192,
+            "maxContextLimit": 200000,
+            "noImageSupport": True,
+        }
+        settings = {
+            "customModels": [model],
+            "autoUpdateEnabled": False,
+            "enableCustomDroids": False,
+            "includeCoAuthoredByDroid": False,
+        }
+        return {".factory/settings.json": settings}
 
     def command(self, launch: Launch) -> list[str]:
         return [
@@ -97,20 +83,14 @@ class Droid(Harness):
             launch.task_prompt,
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "FACTORY_AIRGAP_ENABLED": "true",
-                "FACTORY_DROID_AUTO_UPDATE_ENABLED": "false",
-                "FACTORY_DISABLE_KEYRING": "1",
-            }
-        )
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {
+            "FACTORY_AIRGAP_ENABLED": "true",
+            "FACTORY_DROID_AUTO_UPDATE_ENABLED": "false",
+            "FACTORY_DISABLE_KEYRING": "1",
+        }
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
-        tool_calls = sum(1 for ev in events if ev.get("type") == "tool_call")
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         final: str | None = None
         for ev in events:
             if ev.get("type") == "completion" and isinstance(ev.get("finalText"), str):
@@ -121,6 +101,4 @@ class Droid(Harness):
                 and isinstance(ev.get("text"), str)
             ):
                 final = ev["text"] or final
-        return Outputs(
-            final_text=final, native_tool_calls=tool_calls if events else None, detail="-o stream-json"
-        )
+        return final, sum(1 for ev in events if ev.get("type") == "tool_call")

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
-from fineenvs.harnesses.base import GEMINI, Harness, Launch, Outputs, read_text, strip_v1, write_json
+from fineenvs.harnesses.base import GEMINI, Launch, NpmHarness, sdk_env
+from fineenvs.harnesses.files import json_from
+from fineenvs.jsonl import JsonObject
 
 
-def gemini_settings(auth_type: str, step_limit: int | None) -> dict[str, Any]:
+def gemini_settings(auth_type: str, step_limit: int | None) -> JsonObject:
     """settings.json shared by gemini-cli and its fork qwen-code: no stats, no updates, no nags."""
-    settings: dict[str, Any] = {
+    settings: JsonObject = {
         "security": {"auth": {"selectedType": auth_type}, "folderTrust": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
@@ -23,37 +21,17 @@ def gemini_settings(auth_type: str, step_limit: int | None) -> dict[str, Any]:
     return settings
 
 
-def parse_json_result(text: str) -> tuple[str | None, int | None]:
-    """(response, tool calls) from a ``--output-format json`` result object, if stdout holds one."""
-    start = text.find("{")
-    if start < 0:
-        return None, None
-    try:
-        obj = json.loads(text[start:])
-    except ValueError:
-        return None, None
-    if not isinstance(obj, dict):
-        return None, None
-    response = obj.get("response")
-    tools = ((obj.get("stats") or {}).get("tools") or {}).get("totalCalls")
-    return (response if isinstance(response, str) else None), (tools if isinstance(tools, int) else None)
-
-
-class GeminiCli(Harness):
+class GeminiCli(NpmHarness):
     name = "gemini_cli"
     package = "@google/gemini-cli"
-    registry = "npm"
     version = "0.61.0"
     binary = "gemini"
     api_formats = (GEMINI,)
-    default_format = GEMINI
     honours_step_limit = True  # model.maxSessionTurns
+    output_detail = "--output-format json"
 
-    def write_config(self, launch: Launch) -> None:
-        self.check_format(launch.api_format)
-        write_json(
-            launch.home / ".gemini" / "settings.json", gemini_settings("gemini-api-key", launch.step_limit)
-        )
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        return {".gemini/settings.json": gemini_settings("gemini-api-key", launch.step_limit)}
 
     def command(self, launch: Launch) -> list[str]:
         # -m pins the model: without it a router side call (wanting JSON) comes first.
@@ -68,18 +46,20 @@ class GeminiCli(Harness):
             "json",
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "GEMINI_API_KEY": launch.session_key,
-                "GOOGLE_GEMINI_BASE_URL": strip_v1(launch.base_url),
-                "GEMINI_CLI_TRUST_WORKSPACE": "true",
-                "GEMINI_CLI_NO_RELAUNCH": "true",
-            }
-        )
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {
+            **sdk_env(launch, GEMINI),
+            "GEMINI_CLI_TRUST_WORKSPACE": "true",
+            "GEMINI_CLI_NO_RELAUNCH": "true",
+        }
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        final, tools = parse_json_result(read_text(attempt_dir / "stdout.txt"))
-        return Outputs(final_text=final, native_tool_calls=tools, detail="--output-format json")
+    def stdout_events(self, stdout: str) -> list[JsonObject]:
+        """The one result object ``--output-format json`` prints, where stdout holds it."""
+        result = json_from(stdout, "{")
+        return [result] if isinstance(result, dict) else []
+
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
+        result = events[0] if events else {}
+        response = result.get("response")
+        tools = ((result.get("stats") or {}).get("tools") or {}).get("totalCalls")
+        return (response if isinstance(response, str) else None), (tools if isinstance(tools, int) else None)

@@ -8,48 +8,41 @@ coding agent from PyPI that drives a shell tool through real function calling.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, read_text, with_v1
+from fineenvs.harnesses.base import OPENAI_CHAT, Launch, Outputs, PypiHarness, with_v1
+from fineenvs.harnesses.files import iter_json_lines, read_text, write_text
+from fineenvs.jsonl import JsonObject
 
 CONVERSATION = "fineenvs-attempt"
 TOOLS = "shell,save,read,patch,append"
+MAX_STEPS = ".config/gptme/max_steps"
 
 
-class Gptme(Harness):
+class Gptme(PypiHarness):
     name = "gptme"
     package = "gptme"
-    registry = "pypi"
     version = "0.35.1"
     binary = "gptme"
     api_formats = (OPENAI_CHAT,)
-    default_format = OPENAI_CHAT
     honours_step_limit = True  # GPTME_MAX_STEPS
 
-    def write_config(self, launch: Launch) -> None:
-        self.check_format(launch.api_format)
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         # The base URL and key go through the [env] table of gptme's own config file, which
         # gptme reads before the process environment.
-        path = launch.home / ".config" / "gptme" / "config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [
-            "[user]",
-            'name = "fineenvs"',
-            "",
-            "[prompt]",
-            'about_user = ""',
-            "",
-            "[env]",
-            f"OPENAI_BASE_URL = {json.dumps(with_v1(launch.base_url))}",
-            f"OPENAI_API_KEY = {json.dumps(launch.session_key)}",
-            f"MODEL = {json.dumps('local/' + launch.model)}",
-            'TOOL_FORMAT = "tool"',
-            "",
-        ]
-        path.write_text("\n".join(lines))
+        env = {
+            "OPENAI_BASE_URL": with_v1(launch.base_url),
+            "OPENAI_API_KEY": launch.session_key,
+            "MODEL": f"local/{launch.model}",
+            "TOOL_FORMAT": "tool",
+        }
+        config = {"user": {"name": "fineenvs"}, "prompt": {"about_user": ""}, "env": env}
+        return {".config/gptme/config.toml": config}
+
+    def write_config(self, launch: Launch) -> None:
+        super().write_config(launch)
         if launch.step_limit is not None:
-            (launch.home / ".config" / "gptme" / "max_steps").write_text(str(launch.step_limit))
+            write_text(launch.home / MAX_STEPS, str(launch.step_limit))
 
     def command(self, launch: Launch) -> list[str]:
         return [
@@ -71,17 +64,14 @@ class Gptme(Harness):
             launch.task_prompt,
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "GPTME_TELEMETRY_ENABLED": "false",
-                "GPTME_CHECK_UPDATE": "false",
-                "GPTME_LOGS_HOME": str(launch.home / "gptme-logs"),
-                "GPTME_SHELL_TIMEOUT": "120",
-            }
-        )
-        limit = read_text(launch.home / ".config" / "gptme" / "max_steps").strip()
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        env = {
+            "GPTME_TELEMETRY_ENABLED": "false",
+            "GPTME_CHECK_UPDATE": "false",
+            "GPTME_LOGS_HOME": str(launch.home / "gptme-logs"),
+            "GPTME_SHELL_TIMEOUT": "120",
+        }
+        limit = read_text(launch.home / MAX_STEPS).strip()
         if limit.isdigit():
             env["GPTME_MAX_STEPS"] = limit
         return env
@@ -95,16 +85,10 @@ class Gptme(Harness):
             )
         tool_calls = 0
         final: str | None = None
-        for line in read_text(convs[-1]).splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(msg, dict) or msg.get("role") != "assistant":
-                continue
+        for msg in iter_json_lines(read_text(convs[-1])):
             content = msg.get("content")
             # With --tool-format tool, gptme stores each call as an `@tool(id): {...}` block.
-            if isinstance(content, str):
+            if msg.get("role") == "assistant" and isinstance(content, str):
                 tool_calls += content.count("\n@") + (1 if content.startswith("@") else 0)
                 if content.strip() and "@" not in content:
                     final = content.strip()

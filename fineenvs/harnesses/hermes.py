@@ -11,13 +11,13 @@ from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     Launch,
     Outputs,
-    read_text,
-    strip_v1,
-    with_v1,
+    PypiHarness,
+    sdk_base_url,
 )
+from fineenvs.harnesses.files import read_text
+from fineenvs.jsonl import JsonObject
 
 MODE_BY_FORMAT = {
     OPENAI_CHAT: "chat_completions",
@@ -27,60 +27,48 @@ MODE_BY_FORMAT = {
 CONTEXT_LENGTH = 200000
 
 
-class Hermes(Harness):
+class Hermes(PypiHarness):
     name = "hermes"
     package = "hermes-agent"
-    registry = "pypi"
     version = "0.19.0"
     binary = "hermes"
     api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES, OPENAI_RESPONSES)
-    default_format = OPENAI_CHAT
     # The newest anthropic SDK breaks hermes' Messages mode (httpx2 timeout error).
     extra_requirements = ("anthropic==0.87.0",)
     honours_step_limit = True  # agent.max_turns
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
-        url = strip_v1(launch.base_url) if fmt == ANTHROPIC_MESSAGES else with_v1(launch.base_url)
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         # `provider: custom:NAME` (not plain `custom`) is what makes api_mode take effect;
         # context_length stops the model-metadata probes and the openrouter lookup.
+        provider = {
+            "name": "fineenvs",
+            "base_url": sdk_base_url(fmt, launch.base_url),
+            "api_key": launch.session_key,
+            "api_mode": MODE_BY_FORMAT[fmt],
+            "model": launch.model,
+            "context_length": CONTEXT_LENGTH,
+        }
         config = {
             "model": {
                 "default": launch.model,
                 "provider": "custom:fineenvs",
                 "context_length": CONTEXT_LENGTH,
             },
-            "custom_providers": [
-                {
-                    "name": "fineenvs",
-                    "base_url": url,
-                    "api_key": launch.session_key,
-                    "api_mode": MODE_BY_FORMAT[fmt],
-                    "model": launch.model,
-                    "context_length": CONTEXT_LENGTH,
-                }
-            ],
+            "custom_providers": [provider],
             "agent": {"max_turns": launch.step_limit or 90},
             "telemetry": {"enabled": False},
         }
-        path = launch.home / ".hermes" / "config.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # JSON is valid YAML; no YAML writer needed.
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        return {".hermes/config.yaml": config}
 
     def command(self, launch: Launch) -> list[str]:
         return [str(self.binary_path), "-z", launch.task_prompt, "--yolo"]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "HERMES_HOME": str(launch.home / ".hermes"),
-                "HERMES_DISABLE_LAZY_INSTALLS": "1",
-                "HERMES_DISABLE_UPDATE_CHECK": "1",
-            }
-        )
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {
+            "HERMES_HOME": str(launch.home / ".hermes"),
+            "HERMES_DISABLE_LAZY_INSTALLS": "1",
+            "HERMES_DISABLE_UPDATE_CHECK": "1",
+        }
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
         final = read_text(attempt_dir / "stdout.txt").strip() or None

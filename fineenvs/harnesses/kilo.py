@@ -12,10 +12,9 @@ holds the native binary) is published at the same version; 7.8.1's is not.
 
 from __future__ import annotations
 
-from typing import Any
-
-from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, GEMINI, OPENAI_CHAT, OPENAI_RESPONSES, Launch
+from fineenvs.harnesses.base import Launch
 from fineenvs.harnesses.opencode import PROVIDER, OpenCode
+from fineenvs.jsonl import JsonObject
 
 AGENT = "code"
 # Not `openai` or `kilo` as the provider's id (``PROVIDER``): those names select Kilo's own
@@ -25,19 +24,16 @@ AGENT = "code"
 class Kilo(OpenCode):
     name = "kilo"
     package = "@kilocode/cli"
-    registry = "npm"
     version = "7.7.7"
     binary = "kilo"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
-    default_format = OPENAI_CHAT
     honours_step_limit = True  # agent.code.steps
     schema_url = "https://app.kilo.ai/config.json"
-    config_parts = (".config", "kilo", "kilo.json")
+    config_file = ".config/kilo/kilo.json"
     env_prefix = "KILO"
     run_flags = ("--auto", "--pure")
 
-    def extra_config(self, launch: Launch) -> dict[str, Any]:
-        agent: dict[str, Any] = {"steps": launch.step_limit} if launch.step_limit is not None else {}
+    def extra_config(self, launch: Launch) -> JsonObject:
+        agent: JsonObject = {"steps": launch.step_limit} if launch.step_limit is not None else {}
         return {
             "default_agent": AGENT,
             # Only ours: the built-in `kilo` gateway provider otherwise fetches its model list.

@@ -21,24 +21,21 @@ Off: telemetry (``telemetry = false``, ``KIMI_DISABLE_TELEMETRY``), the update p
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
+    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     Launch,
-    Outputs,
-    iter_json_lines,
-    node_bin_dir,
-    read_text,
-    strip_v1,
-    with_v1,
+    NpmHarness,
+    sdk_base_url,
 )
+from fineenvs.harnesses.files import joined_text
+from fineenvs.jsonl import JsonObject
 
 ALIAS = "fineenvs"
 TYPE_BY_FORMAT = {
@@ -52,19 +49,14 @@ RIPGREP_DIR = "ripgrep"
 CONTEXT_SIZE = 200000
 
 
-def _q(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
-
-
-class KimiCode(Harness):
+class KimiCode(NpmHarness):
     name = "kimi_code"
     package = "@moonshot-ai/kimi-code"
-    registry = "npm"
     version = "2.1.0"
     binary = "kimi"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
-    default_format = OPENAI_CHAT
+    api_formats = API_FORMATS
     honours_step_limit = True  # loop_control.max_steps_per_turn
+    output_detail = "--output-format stream-json"
 
     def post_install(self, prefix: Path) -> list[tuple[list[str], dict[str, str]]]:
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(prefix / "install-home")}
@@ -72,55 +64,53 @@ class KimiCode(Harness):
         target = str(prefix / RIPGREP_DIR)
         return [([*pip, "--only-binary=:all:", "--target", target, RIPGREP], env)]
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
-        # The Anthropic and Google SDKs append their API version themselves; the OpenAI clients
-        # want it in the base URL.
-        url = strip_v1(launch.base_url) if fmt in (ANTHROPIC_MESSAGES, GEMINI) else with_v1(launch.base_url)
-        lines = [
-            f"default_model = {_q(ALIAS)}",
-            "telemetry = false",
-            "",
-            f"[providers.{ALIAS}]",
-            f"type = {_q(TYPE_BY_FORMAT[fmt])}",
-            f"base_url = {_q(url)}",
-            f"api_key = {_q(launch.session_key)}",
-            "",
-            f"[models.{ALIAS}]",
-            f"provider = {_q(ALIAS)}",
-            f"model = {_q(launch.model)}",
-            f"max_context_size = {CONTEXT_SIZE}",
-            # Capabilities are guessed from the model name; an unknown name gets none, and
-            # without tool_use the agent would have no tools.
-            'capabilities = ["tool_use"]',
-        ]
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        provider = {
+            "type": TYPE_BY_FORMAT[fmt],
+            "base_url": sdk_base_url(fmt, launch.base_url),
+            "api_key": launch.session_key,
+        }
+        # Capabilities are guessed from the model name; an unknown name gets none, and without
+        # tool_use the agent would have no tools.
+        model = {
+            "provider": ALIAS,
+            "model": launch.model,
+            "max_context_size": CONTEXT_SIZE,
+            "capabilities": ["tool_use"],
+        }
+        config: JsonObject = {
+            "default_model": ALIAS,
+            "telemetry": False,
+            "providers": {ALIAS: provider},
+            "models": {ALIAS: model},
+        }
         if launch.step_limit is not None:
-            lines += ["", "[loop_control]", f"max_steps_per_turn = {launch.step_limit}"]
-        cfg = launch.home / ".kimi-code"
-        cfg.mkdir(parents=True, exist_ok=True)
-        (cfg / "config.toml").write_text("\n".join(lines) + "\n")
-        (cfg / "tui.toml").write_text("[upgrade]\nauto_install = false\n")
+            config["loop_control"] = {"max_steps_per_turn": launch.step_limit}
+        return {
+            ".kimi-code/config.toml": config,
+            ".kimi-code/tui.toml": {"upgrade": {"auto_install": False}},
+        }
 
     def command(self, launch: Launch) -> list[str]:
         return [str(self.binary_path), "-p", launch.task_prompt, "--output-format", "stream-json"]
 
     def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        path = [str(self.bin_dir), str(self.install_dir / RIPGREP_DIR / "bin"), node_bin_dir()]
-        env["PATH"] = ":".join([*path, *(p for p in env["PATH"].split(":") if p not in path)])
-        env.update(
-            {
-                "KIMI_CODE_HOME": str(launch.home / ".kimi-code"),
-                "KIMI_DISABLE_TELEMETRY": "1",
-                "KIMI_CODE_NO_AUTO_UPDATE": "1",
-            }
-        )
+        env = super().env(launch)
+        # ripgrep right after the agent's own executables, so that the CLI finds it on PATH.
+        path = env["PATH"].split(":")
+        env["PATH"] = ":".join([*path[:1], str(self.install_dir / RIPGREP_DIR / "bin"), *path[1:]])
         return env
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {
+            "KIMI_CODE_HOME": str(launch.home / ".kimi-code"),
+            "KIMI_DISABLE_TELEMETRY": "1",
+            "KIMI_CODE_NO_AUTO_UPDATE": "1",
+        }
+
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         # stream-json: one message per line; an assistant message lists the tool calls it makes,
         # a tool message carries each result.
-        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
         tool_calls = 0
         final: str | None = None
         for ev in events:
@@ -128,19 +118,8 @@ class KimiCode(Harness):
                 continue
             calls = ev.get("tool_calls")
             tool_calls += len(calls) if isinstance(calls, list) else 0
-            text = _text(ev.get("content"))
+            content = ev.get("content")
+            text = content if isinstance(content, str) else joined_text(content)
             if text.strip():
                 final = text
-        return Outputs(
-            final_text=final,
-            native_tool_calls=tool_calls if events else None,
-            detail="--output-format stream-json",
-        )
-
-
-def _text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+        return final, tool_calls

@@ -6,58 +6,46 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, read_text, with_v1
+from fineenvs.harnesses.base import OPENAI_CHAT, Launch, Outputs, PypiHarness, transcript_outputs, with_v1
+from fineenvs.harnesses.files import joined_text, read_text
+from fineenvs.jsonl import JsonObject
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
 ALIAS = "fineenvs"
 
 
-def _q(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
-
-
-class MistralVibe(Harness):
+class MistralVibe(PypiHarness):
     name = "mistral_vibe"
     package = "mistral-vibe"
-    registry = "pypi"
     version = "3.0.2"
     binary = "vibe"
     api_formats = (OPENAI_CHAT,)
-    default_format = OPENAI_CHAT
     python_version = "3.12"
     honours_step_limit = True  # --max-turns (headless)
 
-    def write_config(self, launch: Launch) -> None:
-        self.check_format(launch.api_format)
-        lines = [
-            f"active_model = {_q(ALIAS)}",
-            "enable_telemetry = false",
-            "enable_update_checks = false",
-            "enable_auto_update = false",
-            "",
-            "[[providers]]",
-            f"name = {_q(ALIAS)}",
-            f"api_base = {_q(with_v1(launch.base_url))}",
-            f"api_key_env_var = {_q(KEY_ENV)}",
-            'api_style = "openai"',
-            'backend = "generic"',
-            "",
-            "[[models]]",
-            f"name = {_q(launch.model)}",
-            f"provider = {_q(ALIAS)}",
-            f"alias = {_q(ALIAS)}",
-            "max_context_length = 200000",
-            "",
-        ]
-        path = launch.home / ".vibe" / "config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines))
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        provider = {
+            "name": ALIAS,
+            "api_base": with_v1(launch.base_url),
+            "api_key_env_var": KEY_ENV,
+            "api_style": "openai",
+            "backend": "generic",
+        }
+        model = {"name": launch.model, "provider": ALIAS, "alias": ALIAS, "max_context_length": 200000}
+        config = {
+            "active_model": ALIAS,
+            "enable_telemetry": False,
+            "enable_update_checks": False,
+            "enable_auto_update": False,
+            "providers": [provider],
+            "models": [model],
+        }
+        return {".vibe/config.toml": config}
 
     def command(self, launch: Launch) -> list[str]:
-        cmd = [
+        return [
             str(self.binary_path),
             "-p",
             launch.task_prompt,
@@ -69,41 +57,31 @@ class MistralVibe(Harness):
             str(launch.workdir),
             "--output-dir",
             str(launch.home / "vibe-output"),
+            *launch.step_args("--max-turns"),
         ]
-        if launch.step_limit is not None:
-            cmd += ["--max-turns", str(launch.step_limit)]
-        return cmd
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update({"VIBE_HOME": str(launch.home / ".vibe"), KEY_ENV: launch.session_key})
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {"VIBE_HOME": str(launch.home / ".vibe"), KEY_ENV: launch.session_key}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        text = read_text(attempt_dir / "stdout.txt")
-        start = text.find("[")
-        try:
-            messages = json.loads(text[start:]) if start >= 0 else None
-        except ValueError:
-            messages = None
-        if not isinstance(messages, list):
-            return Outputs(
-                final_text=text.strip() or None, native_tool_calls=None, detail="no json transcript"
-            )
-        # Transcript entries: `message` (user/assistant, content = text parts) and `effect`
-        # (one per tool execution).
-        tool_calls = 0
-        final: str | None = None
-        for entry in messages:
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("type") == "effect":
-                tool_calls += 1
-            elif entry.get("type") == "message" and entry.get("role") == "assistant":
-                parts = entry.get("content") or []
-                text = "".join(
-                    p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"
-                )
-                if text.strip():
-                    final = text
-        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="--output json")
+        return transcript_outputs(
+            read_text(attempt_dir / "stdout.txt"),
+            _read_transcript,
+            detail="--output json",
+            missing="no json transcript",
+        )
+
+
+def _read_transcript(entries: list[JsonObject]) -> tuple[str | None, int]:
+    """Transcript entries: `message` (user/assistant, content = text parts) and `effect` (one per
+    tool execution)."""
+    tool_calls = 0
+    final: str | None = None
+    for entry in entries:
+        if entry.get("type") == "effect":
+            tool_calls += 1
+        elif entry.get("type") == "message" and entry.get("role") == "assistant":
+            text = joined_text(entry.get("content"))
+            if text.strip():
+                final = text
+    return final, tool_calls

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
+    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     Launch,
-    Outputs,
-    iter_json_lines,
-    read_text,
+    NpmHarness,
     strip_v1,
     with_v1,
 )
+from fineenvs.jsonl import JsonObject
 
 # Never call the provider `openai`: opencode then routes to its own Responses client and dies
 # ("Z.responses is not a function", published system §4.11).
@@ -37,29 +32,24 @@ def _base_for(fmt: str, base_url: str) -> str:
     return with_v1(base_url)
 
 
-class OpenCode(Harness):
+class OpenCode(NpmHarness):
     """OpenCode, and the base of its forks (Kilo CLI): what a fork names differently is a class
     attribute or a hook (``extra_config``, ``run_flags``, ``workdir_flags``, ``extra_env``)."""
 
     name = "opencode"
     package = "opencode-ai"
-    registry = "npm"
     version = "1.18.33"
     binary = "opencode"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
-    default_format = OPENAI_CHAT
+    api_formats = API_FORMATS
+    output_detail = "run --format json"
     schema_url = "https://opencode.ai/config.json"
-    config_parts: tuple[str, ...] = (".config", "opencode", "opencode.json")
+    config_file = ".config/opencode/opencode.json"
     env_prefix = "OPENCODE"
     run_flags: tuple[str, ...] = ()
 
-    def config_path(self, home: Path) -> Path:
-        return home.joinpath(*self.config_parts)
-
-    def config(self, launch: Launch) -> dict[str, Any]:
-        fmt = self.check_format(launch.api_format)
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         model = launch.model
-        return {
+        config = {
             "$schema": self.schema_url,
             "model": f"{PROVIDER}/{model}",
             "small_model": f"{PROVIDER}/{model}",
@@ -88,15 +78,11 @@ class OpenCode(Harness):
             },
             **self.extra_config(launch),
         }
+        return {self.config_file: config}
 
-    def extra_config(self, launch: Launch) -> dict[str, Any]:
+    def extra_config(self, launch: Launch) -> JsonObject:
         """Keys a fork adds to the config."""
         return {}
-
-    def write_config(self, launch: Launch) -> None:
-        path = self.config_path(launch.home)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.config(launch), indent=2) + "\n")
 
     def command(self, launch: Launch) -> list[str]:
         # One quoted argument reaches the model with literal quotes around it; words do not.
@@ -116,28 +102,20 @@ class OpenCode(Harness):
         """OpenCode runs in its working directory; a fork may name it."""
         return []
 
-    def env(self, launch: Launch) -> dict[str, str]:
+    def agent_env(self, launch: Launch) -> dict[str, str]:
         p = self.env_prefix
-        env = self.base_env(launch.home)
-        env[f"{p}_CONFIG"] = str(self.config_path(launch.home))
-        for switch in (
-            "AUTOUPDATE",
-            "MODELS_FETCH",
-            "SHARE",
-            "LSP_DOWNLOAD",
-            "DEFAULT_PLUGINS",
-            "CLAUDE_CODE",
-        ):
-            env[f"{p}_DISABLE_{switch}"] = "1"
-        env.update(self.extra_env())
-        return env
+        switches = ("AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE")
+        return {
+            f"{p}_CONFIG": str(launch.home / self.config_file),
+            **{f"{p}_DISABLE_{switch}": "1" for switch in switches},
+            **self.extra_env(),
+        }
 
     def extra_env(self) -> dict[str, str]:
         """Switches a fork adds."""
         return {}
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        events = iter_json_lines(read_text(attempt_dir / "stdout.txt"))
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         tool_calls = 0
         texts: list[str] = []
         for ev in events:
@@ -147,8 +125,4 @@ class OpenCode(Harness):
                 tool_calls += 1
             elif kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
-        return Outputs(
-            final_text=texts[-1] if texts else None,
-            native_tool_calls=tool_calls if events else None,
-            detail="run --format json",
-        )
+        return (texts[-1] if texts else None), tool_calls

@@ -9,40 +9,36 @@ the SDK writes its workspace path into the system prompt.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs, with_v1, write_json
+from fineenvs.harnesses.base import LITELLM_OFFLINE, OPENAI_CHAT, Launch, Outputs, PypiHarness, with_v1
+from fineenvs.harnesses.files import read_json_object
+from fineenvs.jsonl import JsonObject
 
 DRIVER = Path(__file__).with_name("openhands_driver.py")
 CONFIG = "openhands.json"
 EVENTS = "openhands_events.json"
 
 
-class OpenHands(Harness):
+class OpenHands(PypiHarness):
     name = "openhands"
     package = "openhands-sdk"
-    registry = "pypi"
     version = "1.58.2"
     binary = "python"
     api_formats = (OPENAI_CHAT,)
-    default_format = OPENAI_CHAT
     python_version = "3.12"
     extra_requirements = ("openhands-tools==1.58.2",)
     honours_step_limit = True  # max_iteration_per_run
 
-    def write_config(self, launch: Launch) -> None:
-        self.check_format(launch.api_format)
-        write_json(
-            launch.home / CONFIG,
-            {
-                # litellm's openai/ prefix: plain Chat Completions against base_url.
-                "model": f"openai/{launch.model}",
-                "base_url": with_v1(launch.base_url),
-                "api_key": launch.session_key,
-                "max_iterations": launch.step_limit or 100,
-            },
-        )
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        config = {
+            # litellm's openai/ prefix: plain Chat Completions against base_url.
+            "model": f"openai/{launch.model}",
+            "base_url": with_v1(launch.base_url),
+            "api_key": launch.session_key,
+            "max_iterations": launch.step_limit or 100,
+        }
+        return {CONFIG: config}
 
     def command(self, launch: Launch) -> list[str]:
         # The config file's own folder (HOME) holds the conversation store and the event log.
@@ -55,23 +51,13 @@ class OpenHands(Harness):
             launch.task_prompt,
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update(
-            {
-                "OPENHANDS_SUPPRESS_BANNER": "1",
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "LITELLM_TELEMETRY": "False",
-                "LOG_LEVEL": "WARNING",
-            }
-        )
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {"OPENHANDS_SUPPRESS_BANNER": "1", **LITELLM_OFFLINE, "LOG_LEVEL": "WARNING"}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
         path = attempt_dir / "home" / EVENTS
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = read_json_object(path)
+        if data is None:
             return Outputs(final_text=None, native_tool_calls=None, detail=f"no event log at {path}")
         events = data.get("events") or []
         tool_calls = sum(

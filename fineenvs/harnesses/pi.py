@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
+    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
-    Harness,
     Launch,
-    Outputs,
-    read_text,
-    strip_v1,
-    with_v1,
-    write_json,
+    NpmHarness,
+    sdk_base_url,
 )
+from fineenvs.harnesses.files import joined_text, typed_blocks
+from fineenvs.jsonl import JsonObject
 
 PROVIDER = "fineenvs"
 KEY_ENV = "FINEENVS_SESSION_KEY"
@@ -29,39 +25,25 @@ API_BY_FORMAT = {
 }
 
 
-def _base_for(fmt: str, base_url: str) -> str:
-    if fmt == ANTHROPIC_MESSAGES:
-        return strip_v1(base_url)
-    if fmt == GEMINI:
-        return strip_v1(base_url) + "/v1beta"
-    return with_v1(base_url)
-
-
-class Pi(Harness):
+class Pi(NpmHarness):
     name = "pi"
     package = "@mariozechner/pi-coding-agent"
-    registry = "npm"
     version = "0.73.1"
     binary = "pi"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
-    default_format = OPENAI_CHAT
+    api_formats = API_FORMATS
+    output_detail = "--mode json"
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        # Pi's Google client wants the API version in its base URL.
+        url = sdk_base_url(fmt, launch.base_url) + ("/v1beta" if fmt == GEMINI else "")
         # apiKey names an env var, so the key itself stays out of the file.
-        write_json(
-            launch.home / ".pi" / "agent" / "models.json",
-            {
-                "providers": {
-                    PROVIDER: {
-                        "baseUrl": _base_for(fmt, launch.base_url),
-                        "api": API_BY_FORMAT[fmt],
-                        "apiKey": KEY_ENV,
-                        "models": [{"id": launch.model, "contextWindow": 200000, "maxTokens": 8192}],
-                    }
-                }
-            },
-        )
+        provider = {
+            "baseUrl": url,
+            "api": API_BY_FORMAT[fmt],
+            "apiKey": KEY_ENV,
+            "models": [{"id": launch.model, "contextWindow": 200000, "maxTokens": 8192}],
+        }
+        return {".pi/agent/models.json": {"providers": {PROVIDER: provider}}}
 
     def command(self, launch: Launch) -> list[str]:
         return [
@@ -74,31 +56,19 @@ class Pi(Harness):
             "json",
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
-        env = self.base_env(launch.home)
-        env.update({KEY_ENV: launch.session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"})
-        return env
+    def agent_env(self, launch: Launch) -> dict[str, str]:
+        return {KEY_ENV: launch.session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"}
 
-    def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        text = read_text(attempt_dir / "stdout.txt")
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int | None]:
         tool_calls = 0
         final: str | None = None
         saw = False
-        for line in text.splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
+        for ev in events:
+            msg = (ev.get("message") or {}) if ev.get("type") == "message_end" else {}
+            if msg.get("role") != "assistant":
                 continue
-            if not isinstance(ev, dict):
-                continue
-            if ev.get("type") == "message_end":
-                msg = ev.get("message") or {}
-                if msg.get("role") != "assistant":
-                    continue
-                saw = True
-                parts = msg.get("content") or []
-                tool_calls += sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "toolCall")
-                texts = [p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-                if any(texts):
-                    final = "".join(texts)
-        return Outputs(final_text=final, native_tool_calls=tool_calls if saw else None, detail="--mode json")
+            saw = True
+            parts = msg.get("content") or []
+            tool_calls += len(typed_blocks(parts, "toolCall"))
+            final = joined_text(parts) or final
+        return final, tool_calls if saw else None

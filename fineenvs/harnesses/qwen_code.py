@@ -2,41 +2,38 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     GEMINI,
     OPENAI_CHAT,
-    Harness,
     Launch,
+    NpmHarness,
     Outputs,
-    read_text,
-    strip_v1,
-    with_v1,
-    write_json,
+    sdk_env,
+    transcript_outputs,
 )
+from fineenvs.harnesses.claude_code import read_stream_json
+from fineenvs.harnesses.files import read_text
 from fineenvs.harnesses.gemini_cli import gemini_settings
+from fineenvs.jsonl import JsonObject
 
 AUTH_BY_FORMAT = {OPENAI_CHAT: "openai", ANTHROPIC_MESSAGES: "anthropic", GEMINI: "gemini"}
+MODEL_ENV = {OPENAI_CHAT: "OPENAI_MODEL", ANTHROPIC_MESSAGES: "ANTHROPIC_MODEL"}
 
 
-class QwenCode(Harness):
+class QwenCode(NpmHarness):
     name = "qwen_code"
     package = "@qwen-code/qwen-code"
-    registry = "npm"
     version = "0.15.10"
     binary = "qwen"
     api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES, GEMINI)
-    default_format = OPENAI_CHAT
     honours_step_limit = True  # model.maxSessionTurns
+    output_detail = "--output-format json"
 
-    def write_config(self, launch: Launch) -> None:
-        fmt = self.check_format(launch.api_format)
-        write_json(
-            launch.home / ".qwen" / "settings.json", gemini_settings(AUTH_BY_FORMAT[fmt], launch.step_limit)
-        )
+    def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
+        return {".qwen/settings.json": gemini_settings(AUTH_BY_FORMAT[fmt], launch.step_limit)}
 
     def command(self, launch: Launch) -> list[str]:
         fmt = self.check_format(launch.api_format)
@@ -53,49 +50,20 @@ class QwenCode(Harness):
             "json",
         ]
 
-    def env(self, launch: Launch) -> dict[str, str]:
+    def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)
-        env = self.base_env(launch.home)
-        if fmt == OPENAI_CHAT:
-            env.update(
-                {
-                    "OPENAI_API_KEY": launch.session_key,
-                    "OPENAI_BASE_URL": with_v1(launch.base_url),
-                    "OPENAI_MODEL": launch.model,
-                }
-            )
-        elif fmt == ANTHROPIC_MESSAGES:
-            env.update(
-                {
-                    "ANTHROPIC_API_KEY": launch.session_key,
-                    "ANTHROPIC_BASE_URL": strip_v1(launch.base_url),
-                    "ANTHROPIC_MODEL": launch.model,
-                }
-            )
-        else:
-            env.update(
-                {"GEMINI_API_KEY": launch.session_key, "GOOGLE_GEMINI_BASE_URL": strip_v1(launch.base_url)}
-            )
-        env["QWEN_CODE_NO_RELAUNCH"] = "true"
-        return env
+        model = {MODEL_ENV[fmt]: launch.model} if fmt in MODEL_ENV else {}
+        return {**sdk_env(launch, fmt), **model, "QWEN_CODE_NO_RELAUNCH": "true"}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        text = read_text(attempt_dir / "stdout.txt")
-        start = text.find("[")
-        try:
-            events = json.loads(text[start:]) if start >= 0 else None
-        except ValueError:
-            events = None
-        if not isinstance(events, list):
-            return Outputs(final_text=text.strip() or None, native_tool_calls=None, detail="no json events")
-        tool_calls = 0
-        final: str | None = None
-        for ev in events:
-            if not isinstance(ev, dict):
-                continue
-            if ev.get("type") == "assistant":
-                content = (ev.get("message") or {}).get("content") or []
-                tool_calls += sum(1 for b in content if isinstance(b, dict) and b.get("type") == "tool_use")
-            elif ev.get("type") == "result" and isinstance(ev.get("result"), str):
-                final = ev["result"]
-        return Outputs(final_text=final, native_tool_calls=tool_calls, detail="--output-format json")
+        # Claude Code's stream-json events, printed as one JSON array at the end.
+        return transcript_outputs(
+            read_text(attempt_dir / "stdout.txt"),
+            self.read_events,
+            detail=self.output_detail,
+            missing="no json events",
+        )
+
+    def read_events(self, events: list[JsonObject]) -> tuple[str | None, int]:
+        final, tool_calls = read_stream_json(events)
+        return final, tool_calls or 0

@@ -45,11 +45,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Launch, Outputs
 from fineenvs.harnesses.guard import MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
+from fineenvs.jsonl import JsonObject
+
+if TYPE_CHECKING:
+    from fineenvs.harnesses.netbridge import UnixToTcp
 
 ANSWER_FILE = "answer.txt"
 KILL_GRACE_SECONDS = 3.0
@@ -85,7 +89,7 @@ class AttemptResult:
     leftover_pids: list[int] = field(default_factory=list)
     detail: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -208,7 +212,9 @@ SANDBOX_WORK = Path("/tmp/work")
 SANDBOX_BRIDGE = Path("/tmp/.fineenvs-bridge")  # the proxy's Unix socket, inside the sandbox
 
 
-def _bwrap_wrap(argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str) -> tuple[list[str], Any]:
+def _bwrap_wrap(
+    argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str
+) -> tuple[list[str], UnixToTcp]:
     from fineenvs.harnesses.netbridge import UnixToTcp
 
     bwrap = shutil.which("bwrap")
@@ -335,32 +341,19 @@ def _run_in(
     use_bwrap: bool,
     proxy_stats: Callable[[], ProxyStats | None] | None,
 ) -> AttemptResult:
-    for rel, src in input_files.items():
-        dest = (workdir / rel).resolve()
-        if workdir not in dest.parents:
-            raise ValueError(f"input file name {rel!r} escapes the working directory; use a relative path")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if Path(src).is_dir():
-            shutil.copytree(src, dest, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, dest)
-
+    _copy_inputs(input_files, workdir)
     launch = Launch(home, workdir, base_url, session_key, model, fmt, step_limit, task_prompt)
     harness.write_config(launch)
     # Config files are written where they live on the host; the command line and the environment
     # name the paths the agent sees (fixed ones inside bwrap, the same folders mounted there).
     seen = launch.seen_as(SANDBOX_HOME, SANDBOX_WORK) if use_bwrap else launch
     argv = harness.command(seen)
-    env = harness.env(seen)
     marker = uuid.uuid4().hex
-    env[MARKER_ENV] = marker
-    if os.environ.get(RUN_MARKER_ENV):  # a restarted run reaps what this run leaves behind
-        env[RUN_MARKER_ENV] = os.environ[RUN_MARKER_ENV]
-
-    bridge: Any = None
+    env = _marked_env(harness.env(seen), marker)
+    bridge: UnixToTcp | None = None
     if use_bwrap:
         argv, bridge = _bwrap_wrap(argv, attempt_dir=attempt_dir, workdir=workdir, base_url=base_url)
-    record: dict[str, Any] = {
+    record: JsonObject = {
         "harness": harness.name,
         "version": harness.version,
         "api_format": fmt,
@@ -371,52 +364,136 @@ def _run_in(
         "step_limit": step_limit,
     }
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
+    run = _run_agent(
+        argv,
+        env,
+        marker,
+        workdir=workdir,
+        attempt_dir=attempt_dir,
+        timeout_seconds=timeout_seconds,
+        bridge=bridge,
+    )
+    result = _attempt_result(harness, run, attempt_dir=attempt_dir, workdir=workdir, proxy_stats=proxy_stats)
+    record["result"] = result.to_json()
+    (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
+    return result
 
+
+def _copy_inputs(input_files: Mapping[str, Path], workdir: Path) -> None:
+    """The task's input files and folders into the working directory, under their relative names."""
+    for rel, src in input_files.items():
+        dest = (workdir / rel).resolve()
+        if workdir not in dest.parents:
+            raise ValueError(f"input file name {rel!r} escapes the working directory; use a relative path")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if Path(src).is_dir():
+            shutil.copytree(src, dest, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest)
+
+
+def _marked_env(env: dict[str, str], marker: str) -> dict[str, str]:
+    """The agent's environment with this attempt's marker, and the run's where there is one."""
+    env[MARKER_ENV] = marker
+    if os.environ.get(RUN_MARKER_ENV):  # a restarted run reaps what this run leaves behind
+        env[RUN_MARKER_ENV] = os.environ[RUN_MARKER_ENV]
+    return env
+
+
+@dataclass(frozen=True)
+class _AgentRun:
+    """How the agent's process ended: its exit status, whether it ran out of time, what outlived
+    it, and why it never started (``detail``, empty where it did)."""
+
+    returncode: int | None
+    timed_out: bool
+    leftover: list[int]
+    detail: str
+    duration_s: float
+
+
+def _run_agent(
+    argv: list[str],
+    env: dict[str, str],
+    marker: str,
+    *,
+    workdir: Path,
+    attempt_dir: Path,
+    timeout_seconds: float,
+    bridge: UnixToTcp | None,
+) -> _AgentRun:
+    """Run the agent to its end or its timeout, stdout and stderr into the attempt folder, the
+    proxy bridge open meanwhile; then kill what it left behind."""
     started = time.monotonic()
-    timed_out = False
     returncode: int | None = None
+    timed_out = False
     leftover: list[int] = []
     detail = ""
     with (attempt_dir / "stdout.txt").open("wb") as out, (attempt_dir / "stderr.txt").open("wb") as err:
         if bridge is not None:
             bridge.__enter__()
         try:
-            exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
             try:
-                if exe is None or not os.access(exe, os.X_OK):  # the guard would only exit 127
-                    raise FileNotFoundError(2, "no such executable on the agent's PATH", argv[0])
-                proc = subprocess.Popen(
-                    guarded(argv, marker),
-                    cwd=workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                )
+                proc = _start(argv, env, marker, workdir=workdir, stdout=out, stderr=err)
             except OSError as exc:
                 detail = f"could not start {argv[0]}: {exc}"
                 proc = None
             if proc is not None:
-                with _LIVE_LOCK:
-                    _LIVE[proc.pid] = marker
-                try:
-                    try:
-                        returncode = proc.wait(timeout=timeout_seconds)
-                    except subprocess.TimeoutExpired:
-                        timed_out = True
-                    # Also after a clean exit: agents leave shells, servers and watchers behind.
-                    leftover = kill_attempt(proc.pid, marker)
-                    if returncode is None:
-                        returncode = proc.wait()
-                finally:
-                    with _LIVE_LOCK:
-                        _LIVE.pop(proc.pid, None)
+                returncode, timed_out, leftover = _wait(proc, marker, timeout_seconds)
         finally:
             if bridge is not None:
                 bridge.__exit__(None, None, None)
-    duration = time.monotonic() - started
+    return _AgentRun(returncode, timed_out, leftover, detail, time.monotonic() - started)
 
+
+def _start(
+    argv: list[str], env: dict[str, str], marker: str, *, workdir: Path, stdout: IO[bytes], stderr: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """The agent's process under its guard, in a session of its own (OSError where it cannot start)."""
+    exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+    if exe is None or not os.access(exe, os.X_OK):  # the guard would only exit 127
+        raise FileNotFoundError(2, "no such executable on the agent's PATH", argv[0])
+    return subprocess.Popen(
+        guarded(argv, marker),
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def _wait(proc: subprocess.Popen[bytes], marker: str, timeout_seconds: float) -> tuple[int, bool, list[int]]:
+    """(exit status, timed out, pids still alive) of the agent, its whole process tree killed."""
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = marker
+    returncode: int | None = None
+    timed_out = False
+    try:
+        try:
+            returncode = proc.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        # Also after a clean exit: agents leave shells, servers and watchers behind.
+        leftover = kill_attempt(proc.pid, marker)
+        if returncode is None:
+            returncode = proc.wait()
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+    return returncode, timed_out, leftover
+
+
+def _attempt_result(
+    harness: Harness,
+    run: _AgentRun,
+    *,
+    attempt_dir: Path,
+    workdir: Path,
+    proxy_stats: Callable[[], ProxyStats | None] | None,
+) -> AttemptResult:
+    """The attempt's result from the agent's exit, its own log, its answer file and the proxy's count."""
     stats: ProxyStats | None = None
     stats_error = ""
     if proxy_stats is not None:
@@ -429,8 +506,8 @@ def _run_in(
     outputs: Outputs = harness.parse_outputs(attempt_dir)
     answer_path = workdir / ANSWER_FILE
     answer = answer_path.read_text(errors="replace").strip() if answer_path.is_file() else None
-    reason = classify(timed_out=timed_out, returncode=None if detail else returncode, stats=stats)
-    if detail and reason == "finished":
+    reason = classify(timed_out=run.timed_out, returncode=None if run.detail else run.returncode, stats=stats)
+    if run.detail and reason == "finished":
         reason = "crashed"
     proxy_tools = stats.tool_calls if stats is not None else None
     disagree = (
@@ -439,11 +516,11 @@ def _run_in(
         and outputs.native_tool_calls is not None
         and proxy_tools != outputs.native_tool_calls
     )
-    result = AttemptResult(
+    return AttemptResult(
         harness=harness.name,
         exit_reason=reason,
-        returncode=returncode,
-        duration_s=round(duration, 3),
+        returncode=run.returncode,
+        duration_s=round(run.duration_s, 3),
         answer=answer,
         final_text=outputs.final_text,
         proxy_model_calls=stats.model_calls if stats is not None else None,
@@ -451,15 +528,12 @@ def _run_in(
         native_tool_calls=outputs.native_tool_calls,
         tool_calls_disagree=disagree,
         attempt_dir=str(attempt_dir),
-        leftover_pids=leftover,
-        detail="; ".join(x for x in (detail, stats_error, outputs.detail) if x),
+        leftover_pids=run.leftover,
+        detail="; ".join(x for x in (run.detail, stats_error, outputs.detail) if x),
     )
-    record["result"] = result.to_json()
-    (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
-    return result
 
 
-def count_tool_calls(calls: list[dict[str, Any]]) -> int:
+def count_tool_calls(calls: list[JsonObject]) -> int:
     """Tool calls the model emitted across recorded calls (parsed ``tool_calls`` of each completion)."""
     total = 0
     for call in calls:
@@ -477,7 +551,7 @@ def count_tool_calls(calls: list[dict[str, Any]]) -> int:
     return total
 
 
-def proxy_stats_from_rollout(rollout: dict[str, Any]) -> ProxyStats:
+def proxy_stats_from_rollout(rollout: JsonObject) -> ProxyStats:
     """:class:`ProxyStats` from the body of the proxy's ``GET /sessions/{id}/rollout``."""
     session = rollout.get("session") or {}
     calls = [c for c in rollout.get("calls") or [] if isinstance(c, dict)]
