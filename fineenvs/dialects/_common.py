@@ -12,10 +12,13 @@ import base64
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, TypeVar
 
-from fineenvs.dialects.base import JSON, DialectError
+from fineenvs.dialects.base import JSON, CanonicalRequest, DialectError
+
+T = TypeVar("T")
 
 ERROR_PREFIX = "fineenvs proxy: "
 # Our own prefix for synthetic signatures / encrypted reasoning, so we can tell ours from a real
@@ -48,37 +51,52 @@ def type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _require(value: object, kind: type[T], where: str, noun: str, json_noun: str) -> T:
+    if not isinstance(value, kind):
+        raise fail(
+            f"{where} must be {noun} (got {type_name(value)})",
+            f"the format defines it as {json_noun}",
+            f"Send {where} as {json_noun}.",
+            param=where,
+        )
+    return value
+
+
 def require_dict(value: object, where: str) -> JSON:
-    if not isinstance(value, dict):
-        raise fail(
-            f"{where} must be an object (got {type_name(value)})",
-            "the format defines it as a JSON object",
-            f"Send {where} as a JSON object.",
-            param=where,
-        )
-    return value
+    return _require(value, dict, where, "an object", "a JSON object")
 
 
-def require_list(value: object, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise fail(
-            f"{where} must be an array (got {type_name(value)})",
-            "the format defines it as a JSON array",
-            f"Send {where} as a JSON array.",
-            param=where,
-        )
-    return value
+def require_list(value: object, where: str) -> list[object]:
+    return _require(value, list, where, "an array", "a JSON array")
 
 
 def require_str(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise fail(
-            f"{where} must be a string (got {type_name(value)})",
-            "the format defines it as a string",
-            f"Send {where} as a string.",
-            param=where,
-        )
-    return value
+    return _require(value, str, where, "a string", "a string")
+
+
+def require_objects(value: object, where: str) -> Iterator[tuple[int, str, JSON]]:
+    """Each element of the array ``value`` as ``(index, its place, the object)``.
+
+    Lazily, so that a bad element is reported only after the elements before it were converted
+    (the first error in the request is the one the agent sees).
+    """
+    for k, item in enumerate(require_list(value, where)):
+        item_where = f"{where}[{k}]"
+        yield k, item_where, require_dict(item, item_where)
+
+
+def string_list(value: object, where: str) -> list[str]:
+    return [require_str(s, f"{where}[]") for s in require_list(value, where)]
+
+
+def unsupported(where: str, value: object, why: str, fix: str, *, field: str = "type") -> DialectError:
+    """The error for a field whose value the proxy does not convert (a role, a part or item type)."""
+    return fail(f"{where}.{field}={value!r} is not supported", why, fix, param=f"{where}.{field}")
+
+
+def by_status(table: dict[int, str], status: int, *, server: str, client: str) -> str:
+    """A format's error name for ``status``: from its table, else its generic server or client name."""
+    return table.get(status, server if status >= 500 else client)
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -180,6 +198,48 @@ def check_n(value: object, where: str) -> None:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# The request side: what every format's ``to_canonical`` reads the same way
+
+
+def nonempty_list(value: object, where: str, why: str, fix: str) -> list[object]:
+    items = require_list(value, where)
+    if not items:
+        raise fail(f"{where} is empty", why, fix, param=where)
+    return items
+
+
+def sampling_fields(body: JSON, keys: tuple[str, ...], ranges: dict[str, Range] | None = None) -> JSON:
+    """The numeric sampling fields of ``keys`` the agent set, checked against their ranges."""
+    ranges = ranges or {}
+    return {key: body[key] for key in keys if optional_number(body, key, rule=ranges.get(key)) is not None}
+
+
+def json_schema_format(name: str, schema: object) -> JSON:
+    """The chat ``response_format`` that asks for JSON matching ``schema``."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def canonical_request(out: JSON, body: JSON, notes: list[str], state: JSON) -> CanonicalRequest:
+    """The request for the engine, streamed when the body's ``stream`` says so, for its ``model``."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise fail(
+            f"stream must be a boolean (got {type_name(stream)})",
+            "it selects SSE or JSON",
+            "Send stream: true or false.",
+            param="stream",
+        )
+    model = body.get("model")
+    return CanonicalRequest(
+        body=out,
+        stream=bool(stream),
+        model=model if isinstance(model, str) else None,
+        notes=notes,
+        state=state,
+    )
+
+
 def stable_id(prefix: str, *parts: object) -> str:
     """A deterministic id from content (no clocks, no randomness)."""
     digest = hashlib.sha256(
@@ -209,8 +269,11 @@ def decode_reasoning(blob: object) -> str | None:
 
 
 def dumps_args(value: object) -> str:
-    """Tool-call arguments as the JSON string chat completions carries (key order kept: prefix stability)."""
-    return json.dumps(value, ensure_ascii=False)
+    """Tool-call arguments as the JSON string chat completions carries (key order kept: prefix stability).
+
+    None (a call sent without arguments) is the empty object.
+    """
+    return json.dumps(value if value is not None else {}, ensure_ascii=False)
 
 
 def loads_args(arguments: str) -> JSON:
@@ -222,12 +285,27 @@ def loads_args(arguments: str) -> JSON:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def sse_data(payload: JSON) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+def arguments_json(value: object) -> str:
+    """Tool-call arguments sent as a string or an object, as the JSON string chat carries."""
+    return value if isinstance(value, str) else dumps_args(value)
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> JSON:
+    """One canonical (chat) tool call."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def sse_data(payload: JSON, end: bytes = b"\n\n") -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + end
 
 
 def sse_event(event: str, payload: JSON) -> bytes:
     return f"event: {event}\n".encode() + sse_data(payload)
+
+
+def typed_event(kind: str, **fields: object) -> bytes:
+    """A named SSE event whose payload repeats its name as ``type`` (Anthropic's and Responses' shape)."""
+    return sse_event(kind, {"type": kind, **fields})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +372,7 @@ def read_completion(completion: JSON) -> Reply:
             continue
         fn = as_dict(call.get("function"))
         name = as_str(fn.get("name"))
-        args = fn.get("arguments")
-        args = args if isinstance(args, str) else dumps_args(args if args is not None else {})
+        args = arguments_json(fn.get("arguments"))
         call_id = as_str(call.get("id")) or stable_id("call_", completion.get("id"), i, name, args)
         calls.append(ToolCall(call_id, name, args))
     raw_usage = as_dict(completion.get("usage"))
@@ -349,6 +426,21 @@ def join_text(parts: list[str]) -> str:
     # Text blocks of one message become one string (chat templates render strings best); the
     # separator is fixed so that the same history always gives the same canonical text.
     return "\n".join(parts)
+
+
+def text_part(text: str) -> JSON:
+    return {"type": "text", "text": text}
+
+
+def image_part(url: str) -> JSON:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def text_or_parts(parts: list[JSON]) -> str | list[JSON]:
+    """Text-only part lists become one string (as vLLM does); images keep the part list."""
+    if all(p["type"] == "text" for p in parts):
+        return join_text([p["text"] for p in parts])
+    return parts
 
 
 def normalise_messages(messages: list[JSON], notes: list[str]) -> list[JSON]:
@@ -416,3 +508,60 @@ def finish_tools(body: JSON, tools: list[JSON], notes: list[str]) -> None:
         if key in body:
             body.pop(key)
             notes.append(f"{key} dropped: the request has no tools the engine can call")
+
+
+# ---------------------------------------------------------------------------------------------
+# What every format answers alike
+
+
+class DialectBase:
+    """What the four formats do alike around their own conversions.
+
+    A format subclasses this and writes ``convert`` (its request as a canonical one) and
+    ``from_chat_completion`` (its reply). The request body must be an object with at most one
+    sample asked for. The proxy's own stop reply is the format's reply to ``stop_completion(text)``,
+    and the keep-alive is an SSE comment: every SSE parser skips comment lines, and the keep-alives
+    go out before the format's first event (the reply is replayed once the engine is done), where
+    Anthropic's stream must open with ``message_start`` and Responses' with ``response.created``.
+    Gemini's keep-alive serves its ``alt=sse`` streams (every harness uses them); a plain
+    JSON-array stream takes no comments.
+    """
+
+    # The body field that asks for several samples (Gemini's sits inside generationConfig).
+    samples_field: str | None = "n"
+    # The format's error name for an HTTP status: from its table, else its generic server or
+    # client name (``error_body``'s ``kind`` overrides it).
+    error_names: ClassVar[dict[int, str]] = {}
+    server_error_name = "server_error"
+    client_error_name = "invalid_request_error"
+
+    def to_canonical(
+        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
+    ) -> CanonicalRequest:
+        body = require_dict(body, "request body")
+        if self.samples_field is not None:
+            check_n(body.get(self.samples_field), self.samples_field)
+        return self.convert(body, [], path, query or {})
+
+    def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
+        """The canonical request for ``body``; ``notes`` collects the lossy or surprising steps."""
+        raise NotImplementedError
+
+    def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
+        raise NotImplementedError
+
+    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
+        kind = kind or by_status(
+            self.error_names, status, server=self.server_error_name, client=self.client_error_name
+        )
+        return self.error_object(status, prefixed(message), kind)
+
+    def error_object(self, status: int, message: str, kind: str) -> JSON:
+        """The format's error body for ``message`` (already prefixed) of the error name ``kind``."""
+        raise NotImplementedError
+
+    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
+        return self.from_chat_completion(stop_completion(text), request, model=model)
+
+    def keepalive(self) -> bytes:
+        return SSE_COMMENT_KEEPALIVE
