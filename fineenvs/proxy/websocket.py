@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from fineenvs.dialects import DIALECTS, DialectError, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
-from fineenvs.proxy.calls import BUDGET_TEXT, PREFIX_RE, CallHost, Outcome, PreparedCall
+from fineenvs.proxy.calls import CallHost, Outcome, PreparedCall, no_session_message, split_session_prefix
 from fineenvs.proxy.wire import bearer, json_response
 
 log = logging.getLogger("fineenvs.proxy.websocket")
@@ -199,20 +198,11 @@ class ResponsesSocket:
     async def _call(self, prepared: PreparedCall) -> list[dict[str, Any]]:
         proxy = self.proxy
         prepared.fields["transport"] = "websocket"
-        session, canonical = prepared.session, prepared.reply_request
+        canonical = prepared.reply_request
         model = canonical.model or proxy.settings.served_model
-        session.last_call_at = time.time()
-        if session.model_calls >= session.max_model_calls:
-            session.budget_stops += 1
-            await proxy.record_event(session, "budget_stop", None, {"model_calls": session.model_calls})
-            text = BUDGET_TEXT.format(n=session.max_model_calls)
-            return self._events(Outcome("stop", stop_completion(text)), canonical, model)
-        session.model_calls += 1
-        index = session.next_index
-        session.next_index += 1
-        task = asyncio.create_task(proxy.forward_call(prepared, index))
-        proxy.tasks.add(task)
-        task.add_done_callback(proxy.tasks.discard)
+        task = await proxy.start_call(prepared)
+        if isinstance(task, Outcome):
+            return self._events(task, canonical, model)
         outcome = await asyncio.shield(task)
         async with proxy.cpu_turn:
             return self._events(outcome, canonical, model)
@@ -232,23 +222,14 @@ class ResponsesSocket:
 async def serve_websocket(proxy: CallHost, scope: Scope, receive: Receive, send: Send) -> None:
     """ASGI entry for every WebSocket upgrade the proxy receives."""
     ws = WebSocket(scope, receive, send)
-    path: str = scope["path"]
-    path_key = None
-    if m := PREFIX_RE.match(path):
-        path_key, path = m.group(1), m.group(2) or "/"
+    path_key, path = split_session_prefix(scope["path"])
     if path.rstrip("/") not in PATHS:
         await _deny(ws, 404, f"no WebSocket route {path}: the proxy serves only /v1/responses.")
         return
     headers = ws.headers
     key = path_key or bearer(headers) or headers.get("x-api-key")
     if not key or proxy.sessions.lookup(key) is None:
-        what = "no session key was sent" if not key else "the session key is unknown or closed"
-        await _deny(
-            ws,
-            401,
-            f"{what}. Use the base_url or key returned by POST /sessions "
-            "(path prefix /s/<key>, or the key as the API key).",
-        )
+        await _deny(ws, 401, no_session_message(key))
         return
     await ws.accept()
     try:
