@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import orjson
@@ -93,10 +92,10 @@ CONTEXT_TEXT = (
 _HARNESS_ID_SET = frozenset(HARNESS_ID_HEADERS)
 
 
-def _harness_ids(raw_headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> dict[str, Any]:
+def _harness_ids(raw_headers: list[tuple[bytes, bytes]], body: JsonObject) -> dict[str, str]:
     # One pass over the raw ASGI headers (names arrive lower-cased); the first value wins, as in
     # Starlette's Headers, whose lookups would scan the list once per name.
-    ids: dict[str, Any] = {}
+    ids: dict[str, str] = {}
     for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1")
         if name in _HARNESS_ID_SET and name not in ids:
@@ -343,9 +342,7 @@ class ProxyApp:
             dialect = self._dialect(detect(path, request.headers, None))
             return self._error(dialect, 400, f"could not answer {kind}: {type(exc).__name__}: {exc}")
 
-    async def record_event(
-        self, session: Session, kind: str, index: int | None, fields: dict[str, Any]
-    ) -> None:
+    async def record_event(self, session: Session, kind: str, index: int | None, fields: JsonObject) -> None:
         event = {"kind": kind, "index": index, "at": time.time(), **fields}
         try:
             await self.store.record_event(session.session_id, event)
@@ -501,7 +498,7 @@ class ProxyApp:
         return StreamingResponse(events(), media_type=_media(canonical), headers=SSE_HEADERS)
 
 
-def _strip_reasoning(completion: dict[str, Any]) -> None:
+def _strip_reasoning(completion: JsonObject) -> None:
     """Leave reasoning out of the reply (the record, already written, keeps it)."""
     for choice in completion.get("choices") or []:
         message = choice.get("message") if isinstance(choice, dict) else None
