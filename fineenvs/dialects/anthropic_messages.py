@@ -33,40 +33,39 @@ from dataclasses import dataclass, field
 
 from fineenvs.dialects._common import (
     INT64_MAX,
-    DialectBase,
     Range,
-    Reply,
     as_dict,
     as_str,
     canonical_request,
     decode_reasoning,
-    dumps_args,
     fail,
-    finish_tools,
-    function_tool,
-    image_part,
-    join_text,
-    json_schema_format,
-    loads_args,
     nonempty_list,
-    normalise_messages,
     optional_int,
-    read_completion,
     require_dict,
     require_objects,
     require_str,
     sampling_fields,
     stable_id,
     string_list,
-    text_or_parts,
-    text_part,
     thinking_signature,
-    tool_call,
     type_name,
-    typed_event,
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
+    finish_tools,
+    function_tool,
+    image_part,
+    join_text,
+    json_schema_format,
+    loads_args,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, typed_event
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 STOP_REASONS = {

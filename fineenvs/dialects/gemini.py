@@ -37,38 +37,37 @@ from fineenvs.dialects._common import (
     INT64_MAX,
     RANGES,
     SIG_PREFIX,
-    DialectBase,
     Range,
-    Reply,
     as_dict,
     as_str,
     check_n,
-    dumps_args,
     fail,
+    nonempty_list,
+    optional_int,
+    optional_number,
+    require_dict,
+    require_list,
+    require_objects,
+    require_str,
+    stable_id,
+    string_list,
+    unsupported,
+)
+from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
     finish_tools,
     function_tool,
     image_part,
     join_text,
     json_schema_format,
     loads_args,
-    nonempty_list,
     normalise_messages,
-    optional_int,
-    optional_number,
-    read_completion,
-    require_dict,
-    require_list,
-    require_objects,
-    require_str,
-    sse_data,
-    stable_id,
-    string_list,
     text_or_parts,
     text_part,
     tool_call,
-    unsupported,
 )
-from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "content_filter": "SAFETY"}
 STATUS = {

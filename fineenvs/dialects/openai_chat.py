@@ -25,31 +25,30 @@ from collections.abc import Iterator
 
 from fineenvs.dialects._common import (
     RANGES,
-    DialectBase,
-    Reply,
-    arguments_json,
     as_dict,
     canonical_request,
     fail,
-    finish_tools,
-    function_tool,
-    image_part,
     nonempty_list,
-    normalise_messages,
     optional_int,
     optional_number,
-    read_completion,
     require_dict,
     require_objects,
     require_str,
-    sse_data,
-    text_or_parts,
-    text_part,
-    tool_call,
     type_name,
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    arguments_json,
+    finish_tools,
+    function_tool,
+    image_part,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 # Fields forwarded as the agent sent them (the proxy records them and applies its own policy).
 PASSTHROUGH = (

@@ -28,16 +28,25 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 from fineenvs.dialects._common import (
-    DialectBase,
-    Usage,
     as_dict,
     as_str,
     by_status,
     canonical_request,
     decode_reasoning,
-    dumps_args,
     encode_reasoning,
     fail,
+    optional_int,
+    require_dict,
+    require_list,
+    require_objects,
+    require_str,
+    sampling_fields,
+    stable_id,
+    unsupported,
+)
+from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
     finish_tools,
     function_tool,
     image_part,
@@ -45,21 +54,11 @@ from fineenvs.dialects._common import (
     json_schema_format,
     loads_args,
     normalise_messages,
-    optional_int,
-    read_completion,
-    require_dict,
-    require_list,
-    require_objects,
-    require_str,
-    sampling_fields,
-    stable_id,
     text_or_parts,
     text_part,
     tool_call,
-    typed_event,
-    unsupported,
 )
-from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.reply import DialectBase, Usage, read_completion, typed_event
 
 NS_SEP = "__"
 ERROR_CODES = {
