@@ -14,8 +14,8 @@ import re
 from collections.abc import Mapping
 
 from fineenvs.dialects import anthropic_messages, gemini, openai_chat, openai_responses
-from fineenvs.dialects._common import stop_completion
 from fineenvs.dialects.base import JSON, CanonicalRequest, Dialect, DialectError
+from fineenvs.dialects.reply import stop_completion
 
 __all__ = [
     "DIALECTS",

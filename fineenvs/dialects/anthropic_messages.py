@@ -29,37 +29,43 @@ real Anthropic signatures (not verifiable here; the thinking text is used as sen
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
 
 from fineenvs.dialects._common import (
     INT64_MAX,
-    SSE_COMMENT_KEEPALIVE,
     Range,
     as_dict,
     as_str,
-    check_n,
+    canonical_request,
     decode_reasoning,
-    dumps_args,
     fail,
-    finish_tools,
-    function_tool,
-    join_text,
-    loads_args,
-    normalise_messages,
+    nonempty_list,
     optional_int,
-    optional_number,
-    prefixed,
-    read_completion,
     require_dict,
-    require_list,
+    require_objects,
     require_str,
-    sse_event,
+    sampling_fields,
     stable_id,
-    stop_completion,
+    string_list,
     thinking_signature,
     type_name,
+    unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
+    finish_tools,
+    function_tool,
+    image_part,
+    join_text,
+    json_schema_format,
+    loads_args,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, typed_event
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
 STOP_REASONS = {
@@ -102,24 +108,15 @@ def _image(block: JSON, where: str) -> JSON:
     if source.get("type") == "base64":
         media = require_str(source.get("media_type"), f"{where}.source.media_type")
         data = require_str(source.get("data"), f"{where}.source.data")
-        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+        return image_part(f"data:{media};base64,{data}")
     if source.get("type") == "url":
-        return {
-            "type": "image_url",
-            "image_url": {"url": require_str(source.get("url"), f"{where}.source.url")},
-        }
-    raise fail(
-        f"{where}.source.type={source.get('type')!r} is not supported",
+        return image_part(require_str(source.get("url"), f"{where}.source.url"))
+    raise unsupported(
+        f"{where}.source",
+        source.get("type"),
         "the engine takes inline or URL images",
         "Send the image as base64 or url source.",
-        param=f"{where}.source.type",
     )
-
-
-def _user_content(parts: list[JSON]) -> str | list[JSON]:
-    if all(p["type"] == "text" for p in parts):
-        return join_text([p["text"] for p in parts])
-    return parts
 
 
 def _tool_result(block: JSON, where: str) -> tuple[JSON, list[JSON]]:
@@ -131,18 +128,17 @@ def _tool_result(block: JSON, where: str) -> tuple[JSON, list[JSON]]:
     if isinstance(content, str):
         texts.append(content)
     elif isinstance(content, list):
-        for k, item in enumerate(content):
-            part = require_dict(item, f"{where}.content[{k}]")
+        for _, part_where, part in require_objects(content, f"{where}.content"):
             if part.get("type") == "text":
-                texts.append(require_str(part.get("text"), f"{where}.content[{k}].text"))
+                texts.append(require_str(part.get("text"), f"{part_where}.text"))
             elif part.get("type") == "image":
-                images.append(_image(part, f"{where}.content[{k}]"))
+                images.append(_image(part, part_where))
             else:
-                raise fail(
-                    f"{where}.content[{k}].type={part.get('type')!r} is not supported",
+                raise unsupported(
+                    part_where,
+                    part.get("type"),
                     "tool results carry text and images",
                     "Send text or image blocks.",
-                    param=f"{where}.content[{k}].type",
                 )
     elif content is not None:
         raise fail(
@@ -157,63 +153,43 @@ def _tool_result(block: JSON, where: str) -> tuple[JSON, list[JSON]]:
     return {"role": "tool", "tool_call_id": call_id, "content": text}, images
 
 
-def _message(raw: object, i: int, notes: list[str]) -> list[JSON]:
-    where = f"messages[{i}]"
-    msg = require_dict(raw, where)
-    role = msg.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise fail(
-            f"{where}.role={role!r} is not supported",
-            "Messages roles are user and assistant (and system mid-conversation)",
-            "Use role user or assistant.",
-            param=f"{where}.role",
-        )
-    content = msg.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    blocks = require_list(content, f"{where}.content")
-    if role == "system":
-        texts = [as_str(require_dict(b, f"{where}.content[{k}]").get("text")) for k, b in enumerate(blocks)]
-        return [{"role": "system", "content": join_text(texts)}]
-    out: list[JSON] = []
-    parts: list[JSON] = []
-    reasoning: list[str] = []
-    calls: list[JSON] = []
-    follow_images: list[JSON] = []
-    for k, raw_block in enumerate(blocks):
-        bw = f"{where}.content[{k}]"
-        block = require_dict(raw_block, bw)
-        kind = block.get("type")
+@dataclass
+class _Turn:
+    """What the blocks of one message hold, sorted by where they go in the canonical messages."""
+
+    role: str
+    where: str
+    notes: list[str]
+    tool_messages: list[JSON] = field(default_factory=list)  # tool results, before the user's text
+    parts: list[JSON] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: list[JSON] = field(default_factory=list)
+    follow_images: list[JSON] = field(default_factory=list)  # images from tool results
+
+    def add(self, block: JSON, bw: str) -> None:
+        kind, role = block.get("type"), self.role
         if kind == "text":
-            parts.append({"type": "text", "text": require_str(block.get("text"), f"{bw}.text")})
+            self.parts.append(text_part(require_str(block.get("text"), f"{bw}.text")))
         elif kind == "image":
-            parts.append(_image(block, bw))
+            self.parts.append(_image(block, bw))
         elif kind == "tool_use" and role == "assistant":
-            inp = block.get("input")
-            calls.append(
-                {
-                    "id": require_str(block.get("id"), f"{bw}.id"),
-                    "type": "function",
-                    "function": {
-                        "name": require_str(block.get("name"), f"{bw}.name"),
-                        "arguments": dumps_args(inp if inp is not None else {}),
-                    },
-                }
-            )
+            call_id = require_str(block.get("id"), f"{bw}.id")
+            name = require_str(block.get("name"), f"{bw}.name")
+            self.calls.append(tool_call(call_id, name, dumps_args(block.get("input"))))
         elif kind == "tool_result" and role == "user":
             tool_msg, images = _tool_result(block, bw)
-            out.append(tool_msg)
-            follow_images.extend(images)
+            self.tool_messages.append(tool_msg)
+            self.follow_images.extend(images)
         elif kind == "thinking" and role == "assistant":
-            reasoning.append(as_str(block.get("thinking")))
+            self.reasoning.append(as_str(block.get("thinking")))
         elif kind == "redacted_thinking" and role == "assistant":
             text = decode_reasoning(block.get("data"))
             if text is None:
-                notes.append(f"{bw} redacted_thinking from another provider dropped (unreadable)")
+                self.notes.append(f"{bw} redacted_thinking from another provider dropped (unreadable)")
             else:
-                reasoning.append(text)
+                self.reasoning.append(text)
         elif kind in SERVER_BLOCKS:
-            notes.append(f"{bw} {kind} block dropped: server-side tools do not run on the engine")
+            self.notes.append(f"{bw} {kind} block dropped: server-side tools do not run on the engine")
         else:
             raise fail(
                 f"{bw}.type={kind!r} is not supported in a {role} message",
@@ -221,33 +197,62 @@ def _message(raw: object, i: int, notes: list[str]) -> list[JSON]:
                 "Send those block types (documents as extracted text).",
                 param=f"{bw}.type",
             )
-    if role == "user":
-        if follow_images:
-            notes.append(f"{where}: images inside tool_result moved to a following user message")
-            parts.extend(follow_images)
-        if parts:
-            out.append({"role": "user", "content": _user_content(parts)})
+
+    def user_messages(self) -> list[JSON]:
+        out = self.tool_messages
+        if self.follow_images:
+            self.notes.append(f"{self.where}: images inside tool_result moved to a following user message")
+            self.parts.extend(self.follow_images)
+        if self.parts:
+            out.append({"role": "user", "content": text_or_parts(self.parts)})
         elif not out:
             out.append({"role": "user", "content": ""})
         return out
-    if any(p["type"] != "text" for p in parts):
-        raise fail(
-            f"{where} has an image in an assistant message",
-            "the engine takes images from users only",
-            "Move the image to a user message.",
-            param=f"{where}.content",
+
+    def assistant_message(self) -> JSON:
+        parts, calls = self.parts, self.calls
+        if any(p["type"] != "text" for p in parts):
+            raise fail(
+                f"{self.where} has an image in an assistant message",
+                "the engine takes images from users only",
+                "Move the image to a user message.",
+                param=f"{self.where}.content",
+            )
+        assistant: JSON = {
+            "role": "assistant",
+            "content": join_text([p["text"] for p in parts]) if parts else None,
+        }
+        if not parts and not calls:
+            assistant["content"] = ""
+        if self.reasoning:
+            assistant["reasoning_content"] = join_text(self.reasoning)
+        if calls:
+            assistant["tool_calls"] = calls
+        return assistant
+
+
+def _message(raw: object, i: int, notes: list[str]) -> list[JSON]:
+    where = f"messages[{i}]"
+    msg = require_dict(raw, where)
+    role = msg.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise unsupported(
+            where,
+            role,
+            "Messages roles are user and assistant (and system mid-conversation)",
+            "Use role user or assistant.",
+            field="role",
         )
-    assistant: JSON = {
-        "role": "assistant",
-        "content": join_text([p["text"] for p in parts]) if parts else None,
-    }
-    if not parts and not calls:
-        assistant["content"] = ""
-    if reasoning:
-        assistant["reasoning_content"] = join_text(reasoning)
-    if calls:
-        assistant["tool_calls"] = calls
-    return [assistant]
+    content = msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    blocks = require_objects(content, f"{where}.content")
+    if role == "system":
+        return [{"role": "system", "content": join_text([as_str(b.get("text")) for _, _, b in blocks])}]
+    turn = _Turn(role, where, notes)
+    for _, bw, block in blocks:
+        turn.add(block, bw)
+    return turn.user_messages() if role == "user" else [turn.assistant_message()]
 
 
 def _system(raw: object, notes: list[str]) -> str | None:
@@ -256,10 +261,7 @@ def _system(raw: object, notes: list[str]) -> str | None:
     if isinstance(raw, str):
         texts = [raw]
     else:
-        texts = [
-            require_str(require_dict(b, f"system[{k}]").get("text"), f"system[{k}].text")
-            for k, b in enumerate(require_list(raw, "system"))
-        ]
+        texts = [require_str(b.get("text"), f"{w}.text") for _, w, b in require_objects(raw, "system")]
     if texts and texts[0].startswith(BILLING_PREFIX):
         first, _, rest = texts[0].partition("\n")
         notes.append("claude-code billing header (per-request nonce) stripped from the system prompt")
@@ -269,8 +271,9 @@ def _system(raw: object, notes: list[str]) -> str | None:
 
 def _tools(raw: object, notes: list[str]) -> list[JSON]:
     tools: list[JSON] = []
-    for k, t in enumerate(require_list(raw, "tools")):
-        tool = require_dict(t, f"tools[{k}]")
+    if raw is None:
+        return tools
+    for k, _, tool in require_objects(raw, "tools"):
         if "input_schema" not in tool or tool.get("type") not in (None, "custom"):
             notes.append(
                 f"tools[{k}] {tool.get('type') or tool.get('name')!r} dropped: a server-side tool "
@@ -300,79 +303,49 @@ def _tool_choice(raw: object) -> tuple[object, bool | None]:
     if kind == "tool":
         name = require_str(choice.get("name"), "tool_choice.name")
         return {"type": "function", "function": {"name": name}}, parallel
-    raise fail(
-        f"tool_choice.type={kind!r} is not supported",
-        "Anthropic tool_choice types are auto, any, tool, none",
-        "Send one of those.",
-        param="tool_choice.type",
+    raise unsupported(
+        "tool_choice", kind, "Anthropic tool_choice types are auto, any, tool, none", "Send one of those."
     )
 
 
-class AnthropicMessages:
-    name = "anthropic_messages"
+def _messages(body: JSON, notes: list[str]) -> list[JSON]:
+    raw_messages = nonempty_list(
+        body.get("messages"), "messages", "a model call needs at least one message", "Send a user message."
+    )
+    messages: list[JSON] = []
+    system = _system(body.get("system"), notes)
+    if system is not None:
+        messages.append({"role": "system", "content": system})
+    for i, m in enumerate(raw_messages):
+        messages.extend(_message(m, i, notes))
+    return normalise_messages(messages, notes)
 
-    def to_canonical(
-        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
-    ) -> CanonicalRequest:
-        body = require_dict(body, "request body")
-        notes: list[str] = []
-        check_n(body.get("n"), "n")
-        raw_messages = require_list(body.get("messages"), "messages")
-        if not raw_messages:
-            raise fail(
-                "messages is empty",
-                "a model call needs at least one message",
-                "Send a user message.",
-                param="messages",
-            )
-        messages: list[JSON] = []
-        system = _system(body.get("system"), notes)
-        if system is not None:
-            messages.append({"role": "system", "content": system})
-        for i, m in enumerate(raw_messages):
-            messages.extend(_message(m, i, notes))
-        out: JSON = {"messages": normalise_messages(messages, notes)}
+
+class AnthropicMessages(DialectBase):
+    name = "anthropic_messages"
+    error_names = ERROR_TYPES
+    server_error_name = "api_error"
+
+    def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
+        out: JSON = {"messages": _messages(body, notes)}
         max_tokens = optional_int(body, "max_tokens")
         if max_tokens is not None:
             out["max_tokens"] = max_tokens
-        for key in ("temperature", "top_p", "top_k"):
-            if optional_number(body, key, rule=_ANTHROPIC_RANGES.get(key)) is not None:
-                out[key] = body[key]
+        out.update(sampling_fields(body, ("temperature", "top_p", "top_k"), _ANTHROPIC_RANGES))
         if body.get("stop_sequences") is not None:
-            out["stop"] = [
-                require_str(s, "stop_sequences[]")
-                for s in require_list(body["stop_sequences"], "stop_sequences")
-            ]
+            out["stop"] = string_list(body["stop_sequences"], "stop_sequences")
         if body.get("tool_choice") is not None:
             out["tool_choice"], parallel = _tool_choice(body["tool_choice"])
             if parallel is not None:
                 out["parallel_tool_calls"] = parallel
-        finish_tools(out, _tools(body["tools"], notes) if body.get("tools") is not None else [], notes)
+        finish_tools(out, _tools(body.get("tools"), notes), notes)
         fmt = as_dict(as_dict(body.get("output_config")).get("format"))
         if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-            out["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "output", "schema": fmt["schema"]},
-            }
+            out["response_format"] = json_schema_format("output", fmt["schema"])
         thinking = as_dict(body.get("thinking"))
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise fail(
-                f"stream must be a boolean (got {type_name(stream)})",
-                "it selects SSE or JSON",
-                "Send stream: true or false.",
-                param="stream",
-            )
-        model = body.get("model")
-        return CanonicalRequest(
-            body=out,
-            stream=bool(stream),
-            model=model if isinstance(model, str) else None,
-            notes=notes,
-            state={"thinking": as_str(thinking.get("type"))},
-        )
+        return canonical_request(out, body, notes, {"thinking": as_str(thinking.get("type"))})
 
-    def _blocks(self, completion: JSON) -> tuple[Any, list[JSON]]:
+    def _blocks(self, completion: JSON) -> tuple[Reply, list[JSON]]:
         reply = read_completion(completion)
         blocks: list[JSON] = []
         if reply.reasoning:
@@ -384,7 +357,7 @@ class AnthropicMessages:
                 }
             )
         if reply.content or not reply.tool_calls:
-            blocks.append({"type": "text", "text": reply.content})
+            blocks.append(text_part(reply.content))
         for call in reply.tool_calls:
             blocks.append(
                 {"type": "tool_use", "id": call.id, "name": call.name, "input": loads_args(call.arguments)}
@@ -393,89 +366,60 @@ class AnthropicMessages:
 
     def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
         reply, blocks = self._blocks(completion)
-        return {
-            "id": _msg_id(reply),
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": blocks,
-            "stop_reason": STOP_REASONS.get(reply.finish_reason, "end_turn"),
-            "stop_sequence": None,
-            "usage": _usage(reply),
-        }
+        return _message_object(reply, model, blocks, STOP_REASONS.get(reply.finish_reason, "end_turn"))
 
     def stream_events(self, completion: JSON, request: CanonicalRequest, *, model: str) -> Iterator[bytes]:
         reply, blocks = self._blocks(completion)
-        start_usage = {**_usage(reply), "output_tokens": 1}
-        yield sse_event(
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": _msg_id(reply),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": start_usage,
-                },
-            },
-        )
+        started = _message_object(reply, model, [], None)
+        started["usage"] = {**started["usage"], "output_tokens": 1}
+        yield typed_event("message_start", message=started)
         for index, block in enumerate(blocks):
-            kind = block["type"]
-            if kind == "thinking":
-                empty: JSON = {"type": "thinking", "thinking": "", "signature": ""}
-                deltas = [
-                    {"type": "thinking_delta", "thinking": block["thinking"]},
-                    {"type": "signature_delta", "signature": block["signature"]},
-                ]
-            elif kind == "text":
-                empty = {"type": "text", "text": ""}
-                deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
-            else:
-                empty = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-                deltas = [{"type": "input_json_delta", "partial_json": dumps_args(block["input"])}]
-            yield sse_event(
-                "content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}
-            )
-            for delta in deltas:
-                yield sse_event(
-                    "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-                )
-            yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
-        yield sse_event(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": STOP_REASONS.get(reply.finish_reason, "end_turn"),
-                    "stop_sequence": None,
-                },
-                "usage": _usage(reply),
-            },
+            yield from _block_events(index, block)
+        stop_reason = STOP_REASONS.get(reply.finish_reason, "end_turn")
+        yield typed_event(
+            "message_delta", delta={"stop_reason": stop_reason, "stop_sequence": None}, usage=_usage(reply)
         )
-        yield sse_event("message_stop", {"type": "message_stop"})
+        yield typed_event("message_stop")
 
-    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
-        kind = kind or ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": prefixed(message)}}
-
-    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
-        return self.from_chat_completion(stop_completion(text), request, model=model)
-
-    def keepalive(self) -> bytes:
-        # Keep-alives go out before message_start (the reply is replayed once the engine is done),
-        # and Anthropic's stream always opens with message_start: a comment, not a ping event.
-        return SSE_COMMENT_KEEPALIVE
+    def error_object(self, status: int, message: str, kind: str) -> JSON:
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _msg_id(reply: Any) -> str:
-    return stable_id("msg_", reply.id)
+def _message_object(reply: Reply, model: str, content: list[JSON], stop_reason: str | None) -> JSON:
+    return {
+        "id": stable_id("msg_", reply.id),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": _usage(reply),
+    }
 
 
-def _usage(reply: Any) -> JSON:
+def _block_events(index: int, block: JSON) -> Iterator[bytes]:
+    """One content block streamed: opened empty, filled by its deltas, closed."""
+    kind = block["type"]
+    if kind == "thinking":
+        empty: JSON = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": block["signature"]},
+        ]
+    elif kind == "text":
+        empty = text_part("")
+        deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+    else:
+        empty = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": dumps_args(block["input"])}]
+    yield typed_event("content_block_start", index=index, content_block=empty)
+    for delta in deltas:
+        yield typed_event("content_block_delta", index=index, delta=delta)
+    yield typed_event("content_block_stop", index=index)
+
+
+def _usage(reply: Reply) -> JSON:
     u = reply.usage
     # Anthropic counts cache reads separately from input_tokens.
     return {

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-JSON = dict[str, Any]
+from fineenvs.jsonl import JsonObject
+
+# The dialects' short name for a parsed JSON object (a request body, a message, a completion).
+JSON = JsonObject
 
 
 @dataclass

@@ -32,35 +32,42 @@ import base64
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from fineenvs.dialects._common import (
     INT64_MAX,
     RANGES,
     SIG_PREFIX,
-    SSE_COMMENT_KEEPALIVE,
     Range,
     as_dict,
     as_str,
     check_n,
-    dumps_args,
     fail,
-    finish_tools,
-    function_tool,
-    join_text,
-    loads_args,
-    normalise_messages,
+    nonempty_list,
     optional_int,
     optional_number,
-    prefixed,
-    read_completion,
     require_dict,
     require_list,
+    require_objects,
     require_str,
     stable_id,
-    stop_completion,
+    string_list,
+    unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
+    finish_tools,
+    function_tool,
+    image_part,
+    join_text,
+    json_schema_format,
+    loads_args,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "content_filter": "SAFETY"}
 STATUS = {
@@ -82,14 +89,14 @@ _MODEL_IN_PATH = re.compile(r"/models/([^/:]+):", re.IGNORECASE)
 _GEMINI_RANGES = {"topK": Range(1, INT64_MAX, True, "it keeps the k most likely tokens")}
 
 
-def _get(d: JSON, camel: str) -> Any:
+def _get(d: JSON, camel: str) -> object:
     """A field by its camelCase name or its snake_case twin (REST takes both)."""
     if camel in d:
         return d[camel]
     return d.get(re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower())
 
 
-def _lower_types(schema: Any) -> Any:
+def _lower_types(schema: object) -> object:
     """OpenAPI-style Gemini schemas use upper-case type names; JSON Schema wants lower case."""
     if isinstance(schema, dict):
         return {
@@ -132,7 +139,7 @@ def _media(part: JSON, where: str) -> JSON:
             "Send the content as text (or an image).",
             param=where,
         )
-    return {"type": "image_url", "image_url": {"url": url}}
+    return image_part(url)
 
 
 def _tool_text(response: object) -> str:
@@ -153,15 +160,13 @@ class _History:
         self.messages: list[JSON] = []
         self.open_calls: list[tuple[str, str, str | None]] = []  # (canonical id, name, client id)
 
-    def model_turn(self, parts: list[Any], c: int) -> None:
+    def model_turn(self, parts: list[object], c: int) -> None:
         texts: list[str] = []
         thoughts: list[str] = []
         signed: str | None = None
         calls: list[JSON] = []
         self.open_calls = []
-        for p, raw in enumerate(parts):
-            where = f"contents[{c}].parts[{p}]"
-            part = require_dict(raw, where)
+        for _, where, part in require_objects(parts, f"contents[{c}].parts"):
             signed = signed or reasoning_from_signature(_get(part, "thoughtSignature"))
             fc = _get(part, "functionCall")
             if isinstance(part.get("text"), str):
@@ -169,14 +174,7 @@ class _History:
             elif isinstance(fc, dict):
                 name = require_str(fc.get("name"), f"{where}.functionCall.name")
                 cid = f"call_{c}_{len(calls)}"
-                args = fc.get("args")
-                calls.append(
-                    {
-                        "id": cid,
-                        "type": "function",
-                        "function": {"name": name, "arguments": dumps_args(args if args is not None else {})},
-                    }
-                )
+                calls.append(tool_call(cid, name, dumps_args(fc.get("args"))))
                 self.open_calls.append((cid, name, fc.get("id") if isinstance(fc.get("id"), str) else None))
             elif _get(part, "executableCode") is not None or _get(part, "codeExecutionResult") is not None:
                 self.notes.append(
@@ -197,14 +195,12 @@ class _History:
             msg["tool_calls"] = calls
         self.messages.append(msg)
 
-    def user_turn(self, parts: list[Any], c: int) -> None:
+    def user_turn(self, parts: list[object], c: int) -> None:
         content: list[JSON] = []
-        for p, raw in enumerate(parts):
-            where = f"contents[{c}].parts[{p}]"
-            part = require_dict(raw, where)
+        for p, where, part in require_objects(parts, f"contents[{c}].parts"):
             fr = _get(part, "functionResponse")
             if isinstance(part.get("text"), str):
-                content.append({"type": "text", "text": part["text"]})
+                content.append(text_part(part["text"]))
             elif isinstance(fr, dict):
                 name = require_str(fr.get("name"), f"{where}.functionResponse.name")
                 cid = self._pair(fr.get("id"), name, c, p)
@@ -221,10 +217,7 @@ class _History:
                     param=where,
                 )
         if content:
-            if all(x["type"] == "text" for x in content):
-                self.messages.append({"role": "user", "content": join_text([x["text"] for x in content])})
-            else:
-                self.messages.append({"role": "user", "content": content})
+            self.messages.append({"role": "user", "content": text_or_parts(content)})
 
     def _pair(self, client_id: object, name: str, c: int, p: int) -> str:
         for k, (cid, _name, cl_id) in enumerate(self.open_calls):
@@ -239,8 +232,9 @@ class _History:
 
 def _tools(raw: object, notes: list[str]) -> list[JSON]:
     tools: list[JSON] = []
-    for k, t in enumerate(require_list(raw, "tools")):
-        tool = require_dict(t, f"tools[{k}]")
+    if raw is None:
+        return tools
+    for k, _, tool in require_objects(raw, "tools"):
         decls = _get(tool, "functionDeclarations")
         if decls is None:
             notes.append(
@@ -248,9 +242,8 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
                 "run on the engine"
             )
             continue
-        for j, d in enumerate(require_list(decls, f"tools[{k}].functionDeclarations")):
-            decl = require_dict(d, f"tools[{k}].functionDeclarations[{j}]")
-            name = require_str(decl.get("name"), f"tools[{k}].functionDeclarations[{j}].name")
+        for _, where, decl in require_objects(decls, f"tools[{k}].functionDeclarations"):
+            name = require_str(decl.get("name"), f"{where}.name")
             schema = _get(decl, "parametersJsonSchema")
             if schema is None and _get(decl, "parameters") is not None:
                 schema = _lower_types(_get(decl, "parameters"))
@@ -269,15 +262,87 @@ def _tool_choice(config: JSON) -> object:
     return "none" if mode == "NONE" else "auto"
 
 
-class Gemini:
-    name = "gemini"
+# generationConfig's sampling fields and their chat names.
+SAMPLING = (
+    ("temperature", "temperature"),
+    ("topP", "top_p"),
+    ("topK", "top_k"),
+    ("seed", "seed"),
+    ("presencePenalty", "presence_penalty"),
+    ("frequencyPenalty", "frequency_penalty"),
+)
 
-    def to_canonical(
-        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
-    ) -> CanonicalRequest:
-        body = require_dict(body, "request body")
-        query = query or {}
-        notes: list[str] = []
+
+def _system(raw: object) -> JSON | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return {"role": "system", "content": raw}
+    parts = require_objects(require_dict(raw, "systemInstruction").get("parts"), "systemInstruction.parts")
+    return {"role": "system", "content": join_text([as_str(x.get("text")) for _, _, x in parts])}
+
+
+def _messages(body: JSON, notes: list[str]) -> tuple[list[JSON], int]:
+    """The canonical messages, and how many contents the history has (the reply's position)."""
+    history = _History(notes)
+    system = _system(_get(body, "systemInstruction"))
+    if system is not None:
+        history.messages.append(system)
+    contents = nonempty_list(
+        body.get("contents"), "contents", "a model call needs at least one user turn", "Send a user content."
+    )
+    for c, raw in enumerate(contents):
+        content = require_dict(raw, f"contents[{c}]")
+        role = content.get("role", "user")
+        parts = require_list(content.get("parts"), f"contents[{c}].parts")
+        if role == "model":
+            history.model_turn(parts, c)
+        elif role in ("user", "function", "tool"):
+            history.user_turn(parts, c)
+        else:
+            raise unsupported(
+                f"contents[{c}]",
+                role,
+                "Gemini roles are user and model",
+                "Use role user or model.",
+                field="role",
+            )
+    return normalise_messages(history.messages, notes), len(contents)
+
+
+def _generation(gen: JSON) -> JSON:
+    """The chat fields ``generationConfig`` sets: sampling, the token limit, stops, JSON output."""
+    check_n(_get(gen, "candidateCount"), "generationConfig.candidateCount")
+    out: JSON = {}
+    for src, dst in SAMPLING:
+        value = _get(gen, src)
+        if value is not None:
+            rule = _GEMINI_RANGES.get(src) or RANGES[dst]
+            out[dst] = optional_number({src: value}, src, f"generationConfig.{src}", rule)
+    max_tokens = optional_int({"m": _get(gen, "maxOutputTokens")}, "m", "generationConfig.maxOutputTokens")
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    stops = _get(gen, "stopSequences")
+    if stops is not None:
+        out["stop"] = string_list(stops, "generationConfig.stopSequences")
+    schema = _get(gen, "responseJsonSchema") or _get(gen, "responseSchema")
+    if _get(gen, "responseMimeType") == "application/json":
+        out["response_format"] = (
+            json_schema_format("output", _lower_types(schema))
+            if isinstance(schema, dict)
+            else {"type": "json_object"}
+        )
+    return out
+
+
+class Gemini(DialectBase):
+    name = "gemini"
+    samples_field = None  # generationConfig.candidateCount
+    error_names = STATUS
+    server_error_name = "INTERNAL"
+    client_error_name = "INVALID_ARGUMENT"
+
+    def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
         if _get(body, "cachedContent"):
             raise fail(
                 "cachedContent is not supported",
@@ -285,79 +350,12 @@ class Gemini:
                 "Send the full contents instead.",
                 param="cachedContent",
             )
-        history = _History(notes)
-        system = _get(body, "systemInstruction")
-        if isinstance(system, str):
-            history.messages.append({"role": "system", "content": system})
-        elif system is not None:
-            parts = require_list(
-                require_dict(system, "systemInstruction").get("parts"), "systemInstruction.parts"
-            )
-            texts = [
-                as_str(require_dict(x, f"systemInstruction.parts[{i}]").get("text"))
-                for i, x in enumerate(parts)
-            ]
-            history.messages.append({"role": "system", "content": join_text(texts)})
-        contents = require_list(body.get("contents"), "contents")
-        if not contents:
-            raise fail(
-                "contents is empty",
-                "a model call needs at least one user turn",
-                "Send a user content.",
-                param="contents",
-            )
-        for c, raw in enumerate(contents):
-            content = require_dict(raw, f"contents[{c}]")
-            role = content.get("role", "user")
-            parts = require_list(content.get("parts"), f"contents[{c}].parts")
-            if role == "model":
-                history.model_turn(parts, c)
-            elif role in ("user", "function", "tool"):
-                history.user_turn(parts, c)
-            else:
-                raise fail(
-                    f"contents[{c}].role={role!r} is not supported",
-                    "Gemini roles are user and model",
-                    "Use role user or model.",
-                    param=f"contents[{c}].role",
-                )
-        out: JSON = {"messages": normalise_messages(history.messages, notes)}
+        messages, next_content = _messages(body, notes)
         gen = as_dict(_get(body, "generationConfig"))
-        check_n(_get(gen, "candidateCount"), "generationConfig.candidateCount")
-        for src, dst in (
-            ("temperature", "temperature"),
-            ("topP", "top_p"),
-            ("topK", "top_k"),
-            ("seed", "seed"),
-            ("presencePenalty", "presence_penalty"),
-            ("frequencyPenalty", "frequency_penalty"),
-        ):
-            value = _get(gen, src)
-            if value is not None:
-                rule = _GEMINI_RANGES.get(src) or RANGES[dst]
-                out[dst] = optional_number({src: value}, src, f"generationConfig.{src}", rule)
-        max_tokens = optional_int(
-            {"m": _get(gen, "maxOutputTokens")}, "m", "generationConfig.maxOutputTokens"
-        )
-        if max_tokens is not None:
-            out["max_tokens"] = max_tokens
-        stops = _get(gen, "stopSequences")
-        if stops is not None:
-            out["stop"] = [
-                require_str(s, "generationConfig.stopSequences[]")
-                for s in require_list(stops, "generationConfig.stopSequences")
-            ]
-        schema = _get(gen, "responseJsonSchema") or _get(gen, "responseSchema")
-        if _get(gen, "responseMimeType") == "application/json":
-            out["response_format"] = (
-                {"type": "json_schema", "json_schema": {"name": "output", "schema": _lower_types(schema)}}
-                if isinstance(schema, dict)
-                else {"type": "json_object"}
-            )
+        out: JSON = {"messages": messages, **_generation(gen)}
         if _get(body, "toolConfig") is not None:
             out["tool_choice"] = _tool_choice(require_dict(_get(body, "toolConfig"), "toolConfig"))
-        tools = _tools(body["tools"], notes) if body.get("tools") is not None else []
-        finish_tools(out, tools, notes)
+        finish_tools(out, _tools(body.get("tools"), notes), notes)
         stream = "streamgeneratecontent" in path.lower() or query.get("alt") == "sse"
         match = _MODEL_IN_PATH.search(path)
         thinking = as_dict(_get(gen, "thinkingConfig"))
@@ -368,12 +366,12 @@ class Gemini:
             notes=notes,
             state={
                 "sse": query.get("alt") == "sse" or not stream,
-                "next_content": len(contents),
+                "next_content": next_content,
                 "include_thoughts": _get(thinking, "includeThoughts") is True,
             },
         )
 
-    def _parts(self, completion: JSON, request: CanonicalRequest) -> tuple[Any, list[list[JSON]]]:
+    def _parts(self, completion: JSON, request: CanonicalRequest) -> tuple[Reply, list[list[JSON]]]:
         reply = read_completion(completion)
         c = request.state.get("next_content", 0)
         groups: list[list[JSON]] = []
@@ -405,7 +403,7 @@ class Gemini:
             target["thoughtSignature"] = signature_for(reply.reasoning)
         return reply, groups
 
-    def _chunk(self, reply: Any, parts: list[JSON], model: str, last: bool) -> JSON:
+    def _chunk(self, reply: Reply, parts: list[JSON], model: str, last: bool) -> JSON:
         candidate: JSON = {"content": {"role": "model", "parts": parts}, "index": 0}
         out: JSON = {"candidates": [candidate], "modelVersion": model, "responseId": stable_id("", reply.id)}
         if last:
@@ -429,28 +427,15 @@ class Gemini:
         chunks = [self._chunk(reply, g, model, last=i == len(groups) - 1) for i, g in enumerate(groups)]
         if request.state.get("sse", True):
             for chunk in chunks:
-                yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\r\n\r\n"
+                yield sse_data(chunk, end=b"\r\n\r\n")
             return
         # streamGenerateContent without alt=sse answers one JSON array, element by element.
         for i, chunk in enumerate(chunks):
             yield (b"[" if i == 0 else b",\r\n") + json.dumps(chunk, ensure_ascii=False).encode()
         yield b"]"
 
-    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
-        return {
-            "error": {
-                "code": status,
-                "message": prefixed(message),
-                "status": kind or STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"),
-            }
-        }
-
-    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
-        return self.from_chat_completion(stop_completion(text), request, model=model)
-
-    def keepalive(self) -> bytes:
-        # For alt=sse streams (every harness uses them); a plain JSON-array stream takes no comments.
-        return SSE_COMMENT_KEEPALIVE
+    def error_object(self, status: int, message: str, kind: str) -> JSON:
+        return {"error": {"code": status, "message": message, "status": kind}}
 
 
 DIALECT = Gemini()

@@ -22,30 +22,33 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 from fineenvs.dialects._common import (
-    SSE_COMMENT_KEEPALIVE,
+    RANGES,
     as_dict,
-    check_n,
-    dumps_args,
+    canonical_request,
     fail,
-    finish_tools,
-    function_tool,
-    join_text,
-    normalise_messages,
+    nonempty_list,
     optional_int,
     optional_number,
-    prefixed,
-    read_completion,
     require_dict,
-    require_list,
+    require_objects,
     require_str,
-    sse_data,
-    stop_completion,
     type_name,
+    unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    arguments_json,
+    finish_tools,
+    function_tool,
+    image_part,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 # Fields forwarded as the agent sent them (the proxy records them and applies its own policy).
 PASSTHROUGH = (
@@ -67,17 +70,6 @@ PASSTHROUGH = (
     "reasoning_effort",
     "chat_template_kwargs",
 )
-NUMERIC = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "top_logprobs",
-)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -89,30 +81,24 @@ ERROR_TYPES = {
 }
 
 
-def _content_parts(content: list[Any], where: str) -> str | list[JSON]:
-    """Text-only part lists become one string (as vLLM does); images keep the part list."""
+def _content_parts(content: list[object], where: str) -> str | list[JSON]:
     parts: list[JSON] = []
-    for j, part in enumerate(content):
-        p = require_dict(part, f"{where}[{j}]")
+    for _, part_where, p in require_objects(content, where):
         kind = p.get("type")
         if kind == "text":
-            parts.append({"type": "text", "text": require_str(p.get("text"), f"{where}[{j}].text")})
+            parts.append(text_part(require_str(p.get("text"), f"{part_where}.text")))
         elif kind == "image_url":
             image = p.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            parts.append(
-                {"type": "image_url", "image_url": {"url": require_str(url, f"{where}[{j}].image_url.url")}}
-            )
+            parts.append(image_part(require_str(url, f"{part_where}.image_url.url")))
         else:
-            raise fail(
-                f"{where}[{j}].type={kind!r} is not supported",
+            raise unsupported(
+                part_where,
+                kind,
                 "the engine takes text and image_url content parts only",
                 "Send text (or image_url) parts.",
-                param=f"{where}[{j}].type",
             )
-    if all(p["type"] == "text" for p in parts):
-        return join_text([p["text"] for p in parts])
-    return parts
+    return text_or_parts(parts)
 
 
 def _message(raw: object, i: int, notes: list[str]) -> JSON:
@@ -120,11 +106,12 @@ def _message(raw: object, i: int, notes: list[str]) -> JSON:
     msg = require_dict(raw, where)
     role = msg.get("role")
     if role not in ROLES:
-        raise fail(
-            f"{where}.role={role!r} is not supported",
+        raise unsupported(
+            where,
+            role,
             f"chat roles are {', '.join(ROLES)}",
             "Use one of those roles (legacy role 'function' -> 'tool' with tool_call_id).",
-            param=f"{where}.role",
+            field="role",
         )
     content = msg.get("content")
     out: JSON = {"role": role}
@@ -159,30 +146,28 @@ def _message(raw: object, i: int, notes: list[str]) -> JSON:
         calls = msg.get("tool_calls")
         if calls:
             out["tool_calls"] = [
-                _tool_call(c, f"{where}.tool_calls[{k}]")
-                for k, c in enumerate(require_list(calls, f"{where}.tool_calls"))
+                _tool_call(c, w) for _, w, c in require_objects(calls, f"{where}.tool_calls")
             ]
     if isinstance(msg.get("name"), str) and role in ("user", "assistant"):
         out["name"] = msg["name"]
     return out
 
 
-def _tool_call(raw: object, where: str) -> JSON:
-    call = require_dict(raw, where)
+def _tool_call(call: JSON, where: str) -> JSON:
     fn = require_dict(call.get("function"), f"{where}.function")
-    args = fn.get("arguments")
-    args = args if isinstance(args, str) else dumps_args(args if args is not None else {})
-    return {
-        "id": require_str(call.get("id"), f"{where}.id"),
-        "type": "function",
-        "function": {"name": require_str(fn.get("name"), f"{where}.function.name"), "arguments": args},
-    }
+    args = arguments_json(fn.get("arguments"))
+    return tool_call(
+        require_str(call.get("id"), f"{where}.id"),
+        require_str(fn.get("name"), f"{where}.function.name"),
+        args,
+    )
 
 
 def _tools(raw: object, notes: list[str]) -> list[JSON]:
     tools: list[JSON] = []
-    for k, t in enumerate(require_list(raw, "tools")):
-        tool = require_dict(t, f"tools[{k}]")
+    if raw is None:
+        return tools
+    for k, _, tool in require_objects(raw, "tools"):
         if tool.get("type", "function") != "function":
             notes.append(
                 f"tools[{k}] of type {tool.get('type')!r} dropped: the engine runs function tools only"
@@ -196,15 +181,11 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
     return tools
 
 
-class OpenAIChat:
+class OpenAIChat(DialectBase):
     name = "openai_chat"
+    error_names = ERROR_TYPES
 
-    def to_canonical(
-        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
-    ) -> CanonicalRequest:
-        body = require_dict(body, "request body")
-        notes: list[str] = []
-        check_n(body.get("n"), "n")
+    def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
         for legacy in ("functions", "function_call"):
             if legacy in body:
                 raise fail(
@@ -213,44 +194,27 @@ class OpenAIChat:
                     "Send tools/tool_choice instead.",
                     param=legacy,
                 )
-        raw_messages = require_list(body.get("messages"), "messages")
-        if not raw_messages:
-            raise fail(
-                "messages is empty",
-                "a chat completion needs at least one message",
-                "Send at least one user message.",
-                param="messages",
-            )
+        raw_messages = nonempty_list(
+            body.get("messages"),
+            "messages",
+            "a chat completion needs at least one message",
+            "Send at least one user message.",
+        )
         messages = normalise_messages([_message(m, i, notes) for i, m in enumerate(raw_messages)], notes)
         out: JSON = {"messages": messages}
         for key in PASSTHROUGH:
             if body.get(key) is not None:
-                if key in NUMERIC:
+                if key in RANGES:  # the numbers: checked against their documented range
                     optional_number(body, key)
                 out[key] = body[key]
         max_tokens = optional_int(body, "max_tokens")
         max_completion = optional_int(body, "max_completion_tokens")
         if max_tokens or max_completion:
             out["max_tokens"] = min(v for v in (max_tokens, max_completion) if v)
-        finish_tools(out, _tools(body["tools"], notes) if body.get("tools") is not None else [], notes)
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise fail(
-                f"stream must be a boolean (got {type_name(stream)})",
-                "it selects SSE or JSON",
-                "Send stream: true or false.",
-                param="stream",
-            )
+        finish_tools(out, _tools(body.get("tools"), notes), notes)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        model = body.get("model")
-        return CanonicalRequest(
-            body=out,
-            stream=bool(stream),
-            model=model if isinstance(model, str) else None,
-            notes=notes,
-            state={"include_usage": include_usage},
-        )
+        return canonical_request(out, body, notes, {"include_usage": include_usage})
 
     def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
         reply = read_completion(completion)
@@ -261,10 +225,7 @@ class OpenAIChat:
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
         if reply.tool_calls:
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in reply.tool_calls
-            ]
+            message["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in reply.tool_calls]
         logprobs = None
         if request.body.get("logprobs"):
             choice = completion["choices"][0]
@@ -283,13 +244,16 @@ class OpenAIChat:
     def stream_events(self, completion: JSON, request: CanonicalRequest, *, model: str) -> Iterator[bytes]:
         reply = read_completion(completion)
         include_usage = bool(request.state.get("include_usage"))
+        head: JSON = {
+            "id": reply.id,
+            "object": "chat.completion.chunk",
+            "created": reply.created,
+            "model": model,
+        }
 
         def chunk(delta: JSON, finish: str | None = None) -> bytes:
             payload: JSON = {
-                "id": reply.id,
-                "object": "chat.completion.chunk",
-                "created": reply.created,
-                "model": model,
+                **head,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
             }
             if include_usage:
@@ -302,46 +266,20 @@ class OpenAIChat:
         if reply.content:
             yield chunk({"content": reply.content})
         for i, call in enumerate(reply.tool_calls):
-            yield chunk(
-                {
-                    "tool_calls": [
-                        {
-                            "index": i,
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": ""},
-                        }
-                    ]
-                }
-            )
+            opened = {"index": i, **tool_call(call.id, call.name, "")}
+            yield chunk({"tool_calls": [opened]})
             if call.arguments:
                 yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
         yield chunk({}, reply.finish_reason)
         if include_usage:
-            yield sse_data(
-                {
-                    "id": reply.id,
-                    "object": "chat.completion.chunk",
-                    "created": reply.created,
-                    "model": model,
-                    "choices": [],
-                    "usage": _usage(reply),
-                }
-            )
+            yield sse_data({**head, "choices": [], "usage": _usage(reply)})
         yield b"data: [DONE]\n\n"
 
-    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
-        kind = kind or ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-        return {"error": {"message": prefixed(message), "type": kind, "param": None, "code": str(status)}}
-
-    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
-        return self.from_chat_completion(stop_completion(text), request, model=model)
-
-    def keepalive(self) -> bytes:
-        return SSE_COMMENT_KEEPALIVE
+    def error_object(self, status: int, message: str, kind: str) -> JSON:
+        return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
 
 
-def _usage(reply: Any) -> JSON:
+def _usage(reply: Reply) -> JSON:
     u = reply.usage
     return {
         "prompt_tokens": u.prompt,

@@ -24,36 +24,41 @@ responses; clients resend the full input), ``local_shell`` / ``shell`` / ``compu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from functools import partial
 
 from fineenvs.dialects._common import (
-    SSE_COMMENT_KEEPALIVE,
     as_dict,
     as_str,
-    check_n,
+    by_status,
+    canonical_request,
     decode_reasoning,
-    dumps_args,
     encode_reasoning,
     fail,
-    finish_tools,
-    function_tool,
-    join_text,
-    loads_args,
-    normalise_messages,
     optional_int,
-    optional_number,
-    prefixed,
-    read_completion,
     require_dict,
     require_list,
+    require_objects,
     require_str,
-    sse_event,
+    sampling_fields,
     stable_id,
-    stop_completion,
-    type_name,
+    unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
+from fineenvs.dialects.canonical import (
+    dumps_args,
+    finish_tools,
+    function_tool,
+    image_part,
+    join_text,
+    json_schema_format,
+    loads_args,
+    normalise_messages,
+    text_or_parts,
+    text_part,
+    tool_call,
+)
+from fineenvs.dialects.reply import DialectBase, Usage, read_completion, typed_event
 
 NS_SEP = "__"
 ERROR_CODES = {
@@ -69,33 +74,30 @@ def _parts(content: object, where: str) -> str | list[JSON]:
     if isinstance(content, str):
         return content
     parts: list[JSON] = []
-    for j, raw in enumerate(require_list(content, where)):
-        p = require_dict(raw, f"{where}[{j}]")
+    for _, part_where, p in require_objects(content, where):
         kind = p.get("type")
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            parts.append({"type": "text", "text": require_str(p.get("text"), f"{where}[{j}].text")})
+            parts.append(text_part(require_str(p.get("text"), f"{part_where}.text")))
         elif kind == "refusal":
-            parts.append({"type": "text", "text": require_str(p.get("refusal"), f"{where}[{j}].refusal")})
+            parts.append(text_part(require_str(p.get("refusal"), f"{part_where}.refusal")))
         elif kind == "input_image":
             url = p.get("image_url")
             if not isinstance(url, str):
                 raise fail(
-                    f"{where}[{j}] input_image without image_url",
+                    f"{part_where} input_image without image_url",
                     "the engine takes inline or URL images (file_id needs the OpenAI file store)",
                     "Send image_url as a data: or https: URL.",
-                    param=f"{where}[{j}].image_url",
+                    param=f"{part_where}.image_url",
                 )
-            parts.append({"type": "image_url", "image_url": {"url": url}})
+            parts.append(image_part(url))
         else:
-            raise fail(
-                f"{where}[{j}].type={kind!r} is not supported",
+            raise unsupported(
+                part_where,
+                kind,
                 "the proxy converts text and image parts",
                 "Send input_text/output_text/input_image parts.",
-                param=f"{where}[{j}].type",
             )
-    if all(p["type"] == "text" for p in parts):
-        return join_text([p["text"] for p in parts])
-    return parts
+    return text_or_parts(parts)
 
 
 def _reasoning_text(item: JSON) -> str:
@@ -139,71 +141,11 @@ class _Builder:
         item = require_dict(raw, where)
         kind = item.get("type", "message")
         if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise fail(
-                    f"{where}.role={role!r} is not supported",
-                    "message roles are user, assistant, system, developer",
-                    "Use one of those roles.",
-                    param=f"{where}.role",
-                )
-            content = _parts(item.get("content"), f"{where}.content")
-            if role == "assistant":
-                if isinstance(content, list):
-                    raise fail(
-                        f"{where} has an image in an assistant message",
-                        "the engine takes images from users only",
-                        "Move the image to a user item.",
-                        param=f"{where}.content",
-                    )
-                msg = self.assistant()
-                if msg.get("tool_calls") or msg["content"]:
-                    msg = {"role": "assistant", "content": None}  # a second text message is a new turn
-                    self.messages.append(msg)
-                msg["content"] = content
-            else:
-                self.messages.append({"role": role, "content": content})
+            self._message(item, where)
         elif kind in ("function_call", "custom_tool_call"):
-            name = require_str(item.get("name"), f"{where}.name")
-            ns = item.get("namespace")
-            canonical = (
-                self.names.get((ns, name), f"{ns}{NS_SEP}{name}") if isinstance(ns, str) and ns else name
-            )
-            if kind == "function_call":
-                args = require_str(item.get("arguments"), f"{where}.arguments")
-            else:
-                args = dumps_args({"input": require_str(item.get("input"), f"{where}.input")})
-            msg = self.assistant()
-            msg.setdefault("tool_calls", []).append(
-                {
-                    "id": require_str(item.get("call_id"), f"{where}.call_id"),
-                    "type": "function",
-                    "function": {"name": canonical, "arguments": args},
-                }
-            )
+            self._call(item, where)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            output = item.get("output")
-            text = _parts(output, f"{where}.output") if output is not None else ""
-            if isinstance(text, list):
-                images = [p for p in text if p["type"] != "text"]
-                self.notes.append(f"{where}: images in a tool output moved to a following user message")
-                text = join_text([p["text"] for p in text if p["type"] == "text"])
-                self.messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": require_str(item.get("call_id"), f"{where}.call_id"),
-                        "content": text,
-                    }
-                )
-                self.messages.append({"role": "user", "content": images})
-                return
-            self.messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": require_str(item.get("call_id"), f"{where}.call_id"),
-                    "content": text,
-                }
-            )
+            self._call_output(item, where)
         elif kind == "reasoning":
             text = _reasoning_text(item)
             if text:
@@ -211,13 +153,65 @@ class _Builder:
         elif kind in ("web_search_call", "file_search_call", "image_generation_call", "mcp_list_tools"):
             self.notes.append(f"{where} {kind} item dropped: hosted tools do not run on the engine")
         else:
-            raise fail(
-                f"{where}.type={kind!r} is not supported",
+            raise unsupported(
+                where,
+                kind,
                 "the proxy stores no responses and runs only function/custom tools",
                 "Resend the full history as message, function_call, "
                 "function_call_output and reasoning items.",
-                param=f"{where}.type",
             )
+
+    def _message(self, item: JSON, where: str) -> None:
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise unsupported(
+                where,
+                role,
+                "message roles are user, assistant, system, developer",
+                "Use one of those roles.",
+                field="role",
+            )
+        content = _parts(item.get("content"), f"{where}.content")
+        if role != "assistant":
+            self.messages.append({"role": role, "content": content})
+            return
+        if isinstance(content, list):
+            raise fail(
+                f"{where} has an image in an assistant message",
+                "the engine takes images from users only",
+                "Move the image to a user item.",
+                param=f"{where}.content",
+            )
+        msg = self.assistant()
+        if msg.get("tool_calls") or msg["content"]:
+            msg = {"role": "assistant", "content": None}  # a second text message is a new turn
+            self.messages.append(msg)
+        msg["content"] = content
+
+    def _call(self, item: JSON, where: str) -> None:
+        name = require_str(item.get("name"), f"{where}.name")
+        ns = item.get("namespace")
+        canonical = self.names.get((ns, name), f"{ns}{NS_SEP}{name}") if isinstance(ns, str) and ns else name
+        if item.get("type") == "function_call":
+            args = require_str(item.get("arguments"), f"{where}.arguments")
+        else:
+            args = dumps_args({"input": require_str(item.get("input"), f"{where}.input")})
+        msg = self.assistant()
+        call_id = require_str(item.get("call_id"), f"{where}.call_id")
+        msg.setdefault("tool_calls", []).append(tool_call(call_id, canonical, args))
+
+    def _call_output(self, item: JSON, where: str) -> None:
+        output = item.get("output")
+        text = _parts(output, f"{where}.output") if output is not None else ""
+        images: list[JSON] = []
+        if isinstance(text, list):
+            images = [p for p in text if p["type"] != "text"]
+            self.notes.append(f"{where}: images in a tool output moved to a following user message")
+            text = join_text([p["text"] for p in text if p["type"] == "text"])
+        call_id = require_str(item.get("call_id"), f"{where}.call_id")
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        if images:
+            self.messages.append({"role": "user", "content": images})
 
 
 def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict[tuple[str, str], str]]:
@@ -249,14 +243,13 @@ def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict
             if namespace:
                 names[(namespace, name)] = canonical
 
-    for k, t in enumerate(require_list(raw, "tools")):
-        tool = require_dict(t, f"tools[{k}]")
+    for _, where, tool in require_objects(raw, "tools"):
         if tool.get("type") == "namespace":
-            ns = require_str(tool.get("name"), f"tools[{k}].name")
-            for j, inner in enumerate(require_list(tool.get("tools"), f"tools[{k}].tools")):
-                add(require_dict(inner, f"tools[{k}].tools[{j}]"), f"tools[{k}].tools[{j}]", ns)
+            ns = require_str(tool.get("name"), f"{where}.name")
+            for _, inner_where, inner in require_objects(tool.get("tools"), f"{where}.tools"):
+                add(inner, inner_where, ns)
         else:
-            add(tool, f"tools[{k}]", None)
+            add(tool, where, None)
     state["tool_map"] = tool_map
     return tools, names
 
@@ -274,15 +267,50 @@ def _tool_choice(raw: object, names: dict[tuple[str, str], str]) -> object:
     return "auto"
 
 
-class OpenAIResponses:
+# The request fields a Response object echoes back.
+ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning",
+    "metadata",
+    "store",
+    "prompt_cache_key",
+)
+# Each output item streams opened with this field empty, then filled by its deltas.
+STREAMED_FIELD = {"reasoning": "summary", "message": "content", "function_call": "arguments"}
+
+
+def _messages(body: JSON, notes: list[str], names: dict[tuple[str, str], str]) -> list[JSON]:
+    builder = _Builder(notes, names)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        builder.messages.append({"role": "system", "content": require_str(instructions, "instructions")})
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        builder.messages.append({"role": "user", "content": raw_input})
+    else:
+        for i, item in enumerate(require_list(raw_input, "input")):
+            builder.add(item, i)
+    if builder.pending_reasoning:
+        notes.append("trailing reasoning item without a following assistant item dropped")
+    if not builder.messages:
+        raise fail(
+            "input is empty",
+            "a model call needs at least one message",
+            "Send a user message in input.",
+            param="input",
+        )
+    return normalise_messages(builder.messages, notes)
+
+
+class OpenAIResponses(DialectBase):
     name = "openai_responses"
 
-    def to_canonical(
-        self, body: JSON, *, path: str = "", query: dict[str, str] | None = None
-    ) -> CanonicalRequest:
-        body = require_dict(body, "request body")
-        notes: list[str] = []
-        check_n(body.get("n"), "n")
+    def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
         if body.get("previous_response_id"):
             raise fail(
                 "previous_response_id is not supported",
@@ -292,32 +320,11 @@ class OpenAIResponses:
             )
         state: JSON = {}
         tools, names = _tools(body["tools"], notes, state) if body.get("tools") is not None else ([], {})
-        builder = _Builder(notes, names)
-        instructions = body.get("instructions")
-        if instructions is not None:
-            builder.messages.append({"role": "system", "content": require_str(instructions, "instructions")})
-        raw_input = body.get("input")
-        if isinstance(raw_input, str):
-            builder.messages.append({"role": "user", "content": raw_input})
-        else:
-            for i, item in enumerate(require_list(raw_input, "input")):
-                builder.add(item, i)
-        if builder.pending_reasoning:
-            notes.append("trailing reasoning item without a following assistant item dropped")
-        if not builder.messages:
-            raise fail(
-                "input is empty",
-                "a model call needs at least one message",
-                "Send a user message in input.",
-                param="input",
-            )
-        out: JSON = {"messages": normalise_messages(builder.messages, notes)}
+        out: JSON = {"messages": _messages(body, notes, names)}
         max_tokens = optional_int(body, "max_output_tokens")
         if max_tokens is not None:
             out["max_tokens"] = max_tokens
-        for key in ("temperature", "top_p"):
-            if optional_number(body, key) is not None:
-                out[key] = body[key]
+        out.update(sampling_fields(body, ("temperature", "top_p")))
         if body.get("tool_choice") is not None:
             out["tool_choice"] = _tool_choice(body["tool_choice"], names)
         if isinstance(body.get("parallel_tool_calls"), bool):
@@ -325,50 +332,13 @@ class OpenAIResponses:
         finish_tools(out, tools, notes)
         fmt = as_dict(as_dict(body.get("text")).get("format"))
         if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-            out["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": as_str(fmt.get("name"), "output"), "schema": fmt["schema"]},
-            }
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise fail(
-                f"stream must be a boolean (got {type_name(stream)})",
-                "it selects SSE or JSON",
-                "Send stream: true or false.",
-                param="stream",
-            )
-        # Echo fields for the Response object.
-        state.update(
-            {
-                key: body.get(key)
-                for key in (
-                    "instructions",
-                    "max_output_tokens",
-                    "temperature",
-                    "top_p",
-                    "tool_choice",
-                    "parallel_tool_calls",
-                    "reasoning",
-                    "metadata",
-                    "store",
-                    "prompt_cache_key",
-                )
-                if body.get(key) is not None
-            }
-        )
-        model = body.get("model")
-        return CanonicalRequest(
-            body=out,
-            stream=bool(stream),
-            model=model if isinstance(model, str) else None,
-            notes=notes,
-            state=state,
-        )
+            out["response_format"] = json_schema_format(as_str(fmt.get("name"), "output"), fmt["schema"])
+        request = canonical_request(out, body, notes, state)
+        state.update({key: body.get(key) for key in ECHOED if body.get(key) is not None})
+        return request
 
     def _response(self, completion: JSON, request: CanonicalRequest, model: str) -> JSON:
         reply = read_completion(completion)
-        rid = stable_id("resp_", reply.id)
-        tool_map = as_dict(request.state.get("tool_map"))
         output: list[JSON] = []
         if reply.reasoning:
             output.append(
@@ -392,6 +362,7 @@ class OpenAIResponses:
                     ],
                 }
             )
+        tool_map = as_dict(request.state.get("tool_map"))
         for k, call in enumerate(reply.tool_calls):
             mapped = as_dict(tool_map.get(call.name))
             item: JSON = {
@@ -407,12 +378,11 @@ class OpenAIResponses:
             else:
                 item.update({"type": "function_call", "arguments": call.arguments})
             output.append(item)
-        u = reply.usage
         incomplete = reply.finish_reason == "length"
         s = request.state
         reasoning = as_dict(s.get("reasoning"))
         return {
-            "id": rid,
+            "id": stable_id("resp_", reply.id),
             "object": "response",
             "created_at": reply.created,
             "model": model,
@@ -433,13 +403,7 @@ class OpenAIResponses:
             "store": bool(s.get("store", False)),
             "metadata": s.get("metadata") or {},
             "previous_response_id": None,
-            "usage": {
-                "input_tokens": u.prompt,
-                "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
-                "output_tokens": u.completion,
-                "output_tokens_details": {"reasoning_tokens": u.reasoning},
-                "total_tokens": u.total,
-            },
+            "usage": _usage(reply.usage),
         }
 
     def from_chat_completion(self, completion: JSON, request: CanonicalRequest, *, model: str) -> JSON:
@@ -449,11 +413,10 @@ class OpenAIResponses:
         final = self._response(completion, request, model)
         seq = 0
 
-        def ev(kind: str, **fields: Any) -> bytes:
+        def ev(kind: str, **fields: object) -> bytes:
             nonlocal seq
-            payload = {"type": kind, "sequence_number": seq, **fields}
             seq += 1
-            return sse_event(kind, payload)
+            return typed_event(kind, sequence_number=seq - 1, **fields)
 
         pending = {**final, "status": "in_progress", "output": [], "incomplete_details": None, "usage": None}
         yield ev("response.created", response=pending)
@@ -464,22 +427,20 @@ class OpenAIResponses:
             "response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final
         )
 
-    def error_body(self, status: int, message: str, *, kind: str | None = None) -> JSON:
-        kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
-        return {
-            "error": {
-                "message": prefixed(message),
-                "type": kind,
-                "param": None,
-                "code": ERROR_CODES.get(status, "server_error" if status >= 500 else str(status)),
-            }
-        }
+    def error_object(self, status: int, message: str, kind: str) -> JSON:
+        # The type is generic; the code names the status.
+        code = by_status(ERROR_CODES, status, server="server_error", client=str(status))
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
-    def stop_reply(self, text: str, request: CanonicalRequest, *, model: str) -> JSON:
-        return self.from_chat_completion(stop_completion(text), request, model=model)
 
-    def keepalive(self) -> bytes:
-        return SSE_COMMENT_KEEPALIVE
+def _usage(u: Usage) -> JSON:
+    return {
+        "input_tokens": u.prompt,
+        "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
+        "output_tokens": u.completion,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning},
+        "total_tokens": u.total,
+    }
 
 
 def _custom_input(arguments: str) -> str:
@@ -488,110 +449,52 @@ def _custom_input(arguments: str) -> str:
     return value if isinstance(value, str) else arguments
 
 
-def _item_events(ev: Any, index: int, item: JSON) -> Iterator[bytes]:
+Event = Callable[..., bytes]
+
+
+def _item_events(ev: Event, index: int, item: JSON) -> Iterator[bytes]:
+    """One output item streamed: added with its content empty, filled by its deltas, done."""
     kind = item["type"]
-    iid = item["id"]
+    emptied = STREAMED_FIELD.get(kind, "input")  # custom_tool_call: its input
+    empty = "" if isinstance(item[emptied], str) else []
+    yield ev(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, emptied: empty, "status": "in_progress"},
+    )
+    at = partial(ev, item_id=item["id"], output_index=index)
     if kind == "reasoning":
-        yield ev(
-            "response.output_item.added",
-            output_index=index,
-            item={**item, "summary": [], "status": "in_progress"},
-        )
-        text = item["summary"][0]["text"]
-        part = {"type": "summary_text", "text": ""}
-        yield ev(
-            "response.reasoning_summary_part.added",
-            item_id=iid,
-            output_index=index,
-            summary_index=0,
-            part=part,
-        )
-        yield ev(
-            "response.reasoning_summary_text.delta",
-            item_id=iid,
-            output_index=index,
-            summary_index=0,
-            delta=text,
-        )
-        yield ev(
-            "response.reasoning_summary_text.done",
-            item_id=iid,
-            output_index=index,
-            summary_index=0,
-            text=text,
-        )
-        yield ev(
-            "response.reasoning_summary_part.done",
-            item_id=iid,
-            output_index=index,
-            summary_index=0,
-            part={"type": "summary_text", "text": text},
-        )
+        yield from _reasoning_events(at, item["summary"][0]["text"])
     elif kind == "message":
-        yield ev(
-            "response.output_item.added",
-            output_index=index,
-            item={**item, "content": [], "status": "in_progress"},
-        )
-        text = item["content"][0]["text"]
-        yield ev(
-            "response.content_part.added",
-            item_id=iid,
-            output_index=index,
-            content_index=0,
-            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-        )
-        if text:
-            yield ev(
-                "response.output_text.delta",
-                item_id=iid,
-                output_index=index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        yield ev(
-            "response.output_text.done",
-            item_id=iid,
-            output_index=index,
-            content_index=0,
-            text=text,
-            logprobs=[],
-        )
-        yield ev(
-            "response.content_part.done",
-            item_id=iid,
-            output_index=index,
-            content_index=0,
-            part=item["content"][0],
-        )
+        yield from _text_events(at, item["content"][0])
     elif kind == "function_call":
-        yield ev(
-            "response.output_item.added",
-            output_index=index,
-            item={**item, "arguments": "", "status": "in_progress"},
-        )
-        yield ev(
-            "response.function_call_arguments.delta", item_id=iid, output_index=index, delta=item["arguments"]
-        )
-        yield ev(
-            "response.function_call_arguments.done",
-            item_id=iid,
-            output_index=index,
-            name=item["name"],
-            arguments=item["arguments"],
-        )
-    else:  # custom_tool_call
-        yield ev(
-            "response.output_item.added",
-            output_index=index,
-            item={**item, "input": "", "status": "in_progress"},
-        )
-        yield ev(
-            "response.custom_tool_call_input.delta", item_id=iid, output_index=index, delta=item["input"]
-        )
-        yield ev("response.custom_tool_call_input.done", item_id=iid, output_index=index, input=item["input"])
+        yield at("response.function_call_arguments.delta", delta=item["arguments"])
+        yield at("response.function_call_arguments.done", name=item["name"], arguments=item["arguments"])
+    else:
+        yield at("response.custom_tool_call_input.delta", delta=item["input"])
+        yield at("response.custom_tool_call_input.done", input=item["input"])
     yield ev("response.output_item.done", output_index=index, item=item)
+
+
+def _reasoning_events(at: Event, text: str) -> Iterator[bytes]:
+    yield at(
+        "response.reasoning_summary_part.added", summary_index=0, part={"type": "summary_text", "text": ""}
+    )
+    yield at("response.reasoning_summary_text.delta", summary_index=0, delta=text)
+    yield at("response.reasoning_summary_text.done", summary_index=0, text=text)
+    yield at(
+        "response.reasoning_summary_part.done", summary_index=0, part={"type": "summary_text", "text": text}
+    )
+
+
+def _text_events(at: Event, part: JSON) -> Iterator[bytes]:
+    text = part["text"]
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield at("response.content_part.added", content_index=0, part=empty)
+    if text:
+        yield at("response.output_text.delta", content_index=0, delta=text, logprobs=[])
+    yield at("response.output_text.done", content_index=0, text=text, logprobs=[])
+    yield at("response.content_part.done", content_index=0, part=part)
 
 
 DIALECT = OpenAIResponses()

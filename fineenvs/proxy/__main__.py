@@ -19,6 +19,20 @@ from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 # Every default is the settings' own: one source, shared with the run config (fineenvs.config).
 _D = ProxySettings()
 _S = SamplingPolicy()
+# The options that set one number of the settings: flag, type, default, help.
+_NUMBERS: tuple[tuple[str, type[int] | type[float], float, str | None], ...] = (
+    ("--max-model-calls", int, _D.max_model_calls, "per-session model-call budget"),
+    ("--max-output-tokens", int, _D.max_output_tokens, "cap on max_tokens per call"),
+    ("--temperature", float, _S.temperature, "sampling temperature enforced upstream"),
+    ("--top-p", float, _S.top_p, "enforced top_p (training needs 1.0: full-distribution sampling)"),
+    ("--top-k", int, _S.top_k, "enforced top_k (-1: off)"),
+    ("--min-p", float, _S.min_p, "enforced min_p"),
+    ("--max-body-bytes", int, _D.max_body_bytes, None),
+    ("--keepalive-seconds", float, _D.keepalive_seconds, None),
+    ("--body-timeout-seconds", float, _D.body_timeout_s, "408 after this long"),
+    ("--max-upstream-concurrency", int, _D.max_upstream_concurrency, "engine calls in flight"),
+    ("--retries", int, _D.retries, "attempts per call on 408/409/429/5xx"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,35 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="key for the control routes (default $FINEENVS_ADMIN_KEY); required off loopback",
     )
     serve.add_argument("--store-dir", type=Path, default=_D.store_dir)
-    serve.add_argument(
-        "--max-model-calls", type=int, default=_D.max_model_calls, help="per-session model-call budget"
-    )
-    serve.add_argument(
-        "--max-output-tokens", type=int, default=_D.max_output_tokens, help="cap on max_tokens per call"
-    )
-    serve.add_argument(
-        "--temperature", type=float, default=_S.temperature, help="sampling temperature enforced upstream"
-    )
-    serve.add_argument(
-        "--top-p",
-        type=float,
-        default=_S.top_p,
-        help="enforced top_p (training needs 1.0: full-distribution sampling)",
-    )
-    serve.add_argument("--top-k", type=int, default=_S.top_k, help="enforced top_k (-1: off)")
-    serve.add_argument("--min-p", type=float, default=_S.min_p, help="enforced min_p")
-    serve.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes)
-    serve.add_argument("--keepalive-seconds", type=float, default=_D.keepalive_seconds)
-    serve.add_argument(
-        "--body-timeout-seconds", type=float, default=_D.body_timeout_s, help="408 after this long"
-    )
-    serve.add_argument(
-        "--max-upstream-concurrency",
-        type=int,
-        default=_D.max_upstream_concurrency,
-        help="engine calls in flight",
-    )
-    serve.add_argument("--retries", type=int, default=_D.retries, help="attempts per call on 408/409/429/5xx")
+    for flag, kind, default, help_text in _NUMBERS:
+        serve.add_argument(flag, type=kind, default=default, help=help_text)
     serve.add_argument(
         "--no-fsync", action="store_true", help="flush records without fsync (faster, less safe)"
     )

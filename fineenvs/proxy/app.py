@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import orjson
@@ -36,7 +35,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fineenvs.dialects import DIALECTS, DialectError, aux_response, aux_route, detect, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
-from fineenvs.proxy.calls import BUDGET_TEXT, PREFIX_RE, CpuTurn, Outcome, PreparedCall
+from fineenvs.jsonl import JsonObject
+from fineenvs.proxy.calls import (
+    BUDGET_TEXT,
+    CpuTurn,
+    Outcome,
+    PreparedCall,
+    no_session_message,
+    split_session_prefix,
+)
 from fineenvs.proxy.control import ControlPlane
 from fineenvs.proxy.engine_client import EngineClient, HttpxEngine, RawEngine
 from fineenvs.proxy.sessions import Session, SessionRegistry
@@ -44,6 +51,8 @@ from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import CallStore, StoreError
 from fineenvs.proxy.upstream import (
     BadRequest,
+    EngineRequest,
+    EngineResult,
     UpstreamError,
     VersionBracket,
     build_engine_request,
@@ -83,10 +92,10 @@ CONTEXT_TEXT = (
 _HARNESS_ID_SET = frozenset(HARNESS_ID_HEADERS)
 
 
-def _harness_ids(raw_headers: list[tuple[bytes, bytes]], body: dict[str, Any]) -> dict[str, Any]:
+def _harness_ids(raw_headers: list[tuple[bytes, bytes]], body: JsonObject) -> dict[str, str]:
     # One pass over the raw ASGI headers (names arrive lower-cased); the first value wins, as in
     # Starlette's Headers, whose lookups would scan the list once per name.
-    ids: dict[str, Any] = {}
+    ids: dict[str, str] = {}
     for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1")
         if name in _HARNESS_ID_SET and name not in ids:
@@ -158,10 +167,7 @@ class ProxyApp:
 
     async def _model_route(self, request: Request) -> Response:
         headers = request.headers
-        path_key = None
-        path: str = request.scope["path"]
-        if m := PREFIX_RE.match(path):
-            path_key, path = m.group(1), m.group(2) or "/"
+        path_key, path = split_session_prefix(request.scope["path"])
         method = request.method
         aux = aux_route(path, method)
         if aux is not None:
@@ -186,25 +192,32 @@ class ProxyApp:
             del raw  # keep only the converted request while the engine works
         if isinstance(prepared, Response):
             return prepared
-        session, dialect, canonical = prepared.session, prepared.dialect, prepared.reply_request
+        dialect, canonical = prepared.dialect, prepared.reply_request
         reply_model = canonical.model or self.settings.served_model
+        task = await self.start_call(prepared)
+        if isinstance(task, Outcome):
+            return self._reply(dialect, canonical, task, reply_model)
+        if canonical.stream:
+            return await self._stream(task, dialect, canonical, reply_model)
+        outcome = await asyncio.shield(task)
+        async with self.cpu_turn:
+            return self._reply(dialect, canonical, outcome, reply_model)
+
+    async def start_call(self, prepared: PreparedCall) -> Outcome | asyncio.Task[Outcome]:
+        """The task forwarding one call, or the stop reply once the session's budget is spent."""
+        session = prepared.session
         session.last_call_at = time.time()
         if session.model_calls >= session.max_model_calls:
             session.budget_stops += 1
             await self.record_event(session, "budget_stop", None, {"model_calls": session.model_calls})
-            text = BUDGET_TEXT.format(n=session.max_model_calls)
-            return self._reply(dialect, canonical, Outcome("stop", stop_completion(text)), reply_model)
+            return Outcome("stop", stop_completion(BUDGET_TEXT.format(n=session.max_model_calls)))
         session.model_calls += 1
         index = session.next_index
         session.next_index += 1
         task = asyncio.create_task(self.forward_call(prepared, index))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        if canonical.stream:
-            return await self._stream(task, dialect, canonical, reply_model)
-        outcome = await asyncio.shield(task)
-        async with self.cpu_turn:
-            return self._reply(dialect, canonical, outcome, reply_model)
+        return task
 
     def prepare_call(
         self, request: Request, path: str, path_key: str | None, raw: bytes | None
@@ -234,22 +247,25 @@ class ProxyApp:
         key = key or request.query_params.get("key")
         session = self.sessions.lookup(key) if key else None
         if session is None:
-            what = "no session key was sent" if not key else "the session key is unknown or closed"
-            return self._error(
-                dialect,
-                401,
-                f"{what}. Use the base_url or key returned by POST /sessions "
-                "(path prefix /s/<key>, or the key as the API key).",
-                kind="authentication_error",
-            )
+            return self._error(dialect, 401, no_session_message(key), kind="authentication_error")
         if not isinstance(body, dict):
             return self._error(
                 dialect, 400, f"request body must be a JSON object, got {type(body).__name__}."
             )
+        converted = self._convert(request, path, name, dialect, body)
+        if isinstance(converted, Response):
+            return converted
+        canonical, engine_req, payload = converted
+        return self._prepared(request, session, name, dialect, body, canonical, engine_req, payload)
+
+    def _convert(
+        self, request: Request, path: str, name: str, dialect: Dialect, body: JsonObject
+    ) -> Response | tuple[CanonicalRequest, EngineRequest, bytes]:
+        """The call as a canonical request and as the engine's payload, or the caller's error."""
         try:
             canonical = dialect.to_canonical(body, path=path, query=dict(request.query_params))
             engine_req = build_engine_request(canonical.body, self.settings)
-            payload = orjson.dumps(engine_req.body)
+            return canonical, engine_req, orjson.dumps(engine_req.body)
         except DialectError as exc:
             return self._error(dialect, exc.status, str(exc))
         except BadRequest as exc:
@@ -261,6 +277,18 @@ class ProxyApp:
                 400,
                 f"could not read the {name} request ({type(exc).__name__}: {exc}). Check its shape.",
             )
+
+    def _prepared(
+        self,
+        request: Request,
+        session: Session,
+        name: str,
+        dialect: Dialect,
+        body: JsonObject,
+        canonical: CanonicalRequest,
+        engine_req: EngineRequest,
+        payload: bytes,
+    ) -> PreparedCall:
         messages = canonical.body.get("messages") or []
         tools = canonical.body.get("tools") or None
         params = {k: v for k, v in canonical.body.items() if k not in ("messages", "tools")}
@@ -314,9 +342,7 @@ class ProxyApp:
             dialect = self._dialect(detect(path, request.headers, None))
             return self._error(dialect, 400, f"could not answer {kind}: {type(exc).__name__}: {exc}")
 
-    async def record_event(
-        self, session: Session, kind: str, index: int | None, fields: dict[str, Any]
-    ) -> None:
+    async def record_event(self, session: Session, kind: str, index: int | None, fields: JsonObject) -> None:
         event = {"kind": kind, "index": index, "at": time.time(), **fields}
         try:
             await self.store.record_event(session.session_id, event)
@@ -335,37 +361,9 @@ class ProxyApp:
                 seen.append(v)
         try:
             try:
-                started = time.perf_counter()
-                async with self.upstream_slots:
-                    version_before = await self.versions.read()
-                    resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
-                call.payload = b""  # answered: free it before waiting for a CPU turn
-                async with self.cpu_turn:
-                    result = decode_reply(
-                        resp,
-                        attempts=attempts,
-                        upstream_s=time.perf_counter() - started,
-                        read_prompt=self.store.prompt_reader(session.session_id),
-                    )
-                await self.versions.stamp(result, version_before)
+                result = await self._ask_engine(call)
             except Exception as exc:  # noqa: BLE001 - any engine-side failure must become a reply
-                if not isinstance(exc, UpstreamError):
-                    log.exception("engine call failed unexpectedly")
-                    exc = UpstreamError("unavailable", 502, f"{type(exc).__name__}: {exc}")
-                failure = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
-                if exc.kind == "context_overflow":
-                    session.context_stops += 1
-                    await self.record_event(session, "context_stop", index, failure)
-                    return Outcome("stop", stop_completion(CONTEXT_TEXT))
-                if exc.kind == "rejected":
-                    session.rejected_calls += 1
-                    await self.record_event(session, "upstream_rejected", index, failure)
-                    return Outcome(
-                        "error", status=exc.status, message=f"the engine rejected the request: {exc.message}"
-                    )
-                session.upstream_errors += 1
-                await self.record_event(session, "upstream_error", index, failure)
-                return Outcome("error", status=502, message=f"engine unavailable: {exc.message}")
+                return await self._engine_failure(session, index, exc)
             fields = {
                 "index": index,
                 **call.fields,
@@ -383,20 +381,7 @@ class ProxyApp:
                     "proxy_s": round(time.perf_counter() - t0 - result.upstream_s, 6),
                 },
             }
-            try:
-                async with self.cpu_turn:
-                    line = self.store.encode_call(
-                        session.session_id,
-                        f"c{index:05d}",
-                        prompt=result.prompt if result.prompt is not None else [],
-                        sampled_ids=result.sampled_ids,
-                        request=call.record_request,
-                        response_message=result.message,
-                        fields=fields,
-                    )
-                await self.store.append_line(session.session_id, line)
-            except StoreError as exc:
-                log.error("%s", exc)
+            if not await self._record_call(call, index, result, fields):
                 return Outcome("error", status=503, message="the proxy could not record this call; retry it.")
             session.recorded_calls += 1
             if not result.logprobs_aligned:
@@ -406,6 +391,65 @@ class ProxyApp:
             return Outcome("ok", result.completion)
         finally:
             session.inflight -= 1
+
+    async def _ask_engine(self, call: PreparedCall) -> EngineResult:
+        """The engine's decoded reply to ``call``, stamped with the weight versions around it."""
+        started = time.perf_counter()
+        async with self.upstream_slots:
+            version_before = await self.versions.read()
+            resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
+        call.payload = b""  # answered: free it before waiting for a CPU turn
+        async with self.cpu_turn:
+            result = decode_reply(
+                resp,
+                attempts=attempts,
+                upstream_s=time.perf_counter() - started,
+                read_prompt=self.store.prompt_reader(call.session.session_id),
+            )
+        await self.versions.stamp(result, version_before)
+        return result
+
+    async def _engine_failure(self, session: Session, index: int, exc: Exception) -> Outcome:
+        """The reply to a failed engine call (a stop on context overflow, else an error), recorded."""
+        if not isinstance(exc, UpstreamError):
+            log.error("engine call failed unexpectedly", exc_info=exc)
+            exc = UpstreamError("unavailable", 502, f"{type(exc).__name__}: {exc}")
+        failure = {"status": exc.status, "message": exc.message[:2000], "attempts": exc.attempts}
+        if exc.kind == "context_overflow":
+            session.context_stops += 1
+            await self.record_event(session, "context_stop", index, failure)
+            return Outcome("stop", stop_completion(CONTEXT_TEXT))
+        if exc.kind == "rejected":
+            session.rejected_calls += 1
+            await self.record_event(session, "upstream_rejected", index, failure)
+            return Outcome(
+                "error", status=exc.status, message=f"the engine rejected the request: {exc.message}"
+            )
+        session.upstream_errors += 1
+        await self.record_event(session, "upstream_error", index, failure)
+        return Outcome("error", status=502, message=f"engine unavailable: {exc.message}")
+
+    async def _record_call(
+        self, call: PreparedCall, index: int, result: EngineResult, fields: JsonObject
+    ) -> bool:
+        """Write the call's record line; False (logged) when the store could not."""
+        session_id = call.session.session_id
+        try:
+            async with self.cpu_turn:
+                line = self.store.encode_call(
+                    session_id,
+                    f"c{index:05d}",
+                    prompt=result.prompt if result.prompt is not None else [],
+                    sampled_ids=result.sampled_ids,
+                    request=call.record_request,
+                    response_message=result.message,
+                    fields=fields,
+                )
+            await self.store.append_line(session_id, line)
+        except StoreError as exc:
+            log.error("%s", exc)
+            return False
+        return True
 
     def _reply(self, dialect: Dialect, canonical: CanonicalRequest, outcome: Outcome, model: str) -> Response:
         if outcome.kind == "error" or outcome.completion is None:
@@ -454,7 +498,7 @@ class ProxyApp:
         return StreamingResponse(events(), media_type=_media(canonical), headers=SSE_HEADERS)
 
 
-def _strip_reasoning(completion: dict[str, Any]) -> None:
+def _strip_reasoning(completion: JsonObject) -> None:
     """Leave reasoning out of the reply (the record, already written, keeps it)."""
     for choice in completion.get("choices") or []:
         message = choice.get("message") if isinstance(choice, dict) else None

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from fineenvs.dialects.base import CanonicalRequest, Dialect
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.sessions import Session, SessionRegistry
 from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import RequestRecord
@@ -26,6 +27,22 @@ BUDGET_TEXT = (
     "fineenvs proxy: this attempt has used all {n} model calls it is allowed. "
     "Stop here: no further actions will be run."
 )
+
+
+def split_session_prefix(path: str) -> tuple[str | None, str]:
+    """``(session key, the rest)`` of a ``/s/<key>/...`` path; ``(None, path)`` without the prefix."""
+    if m := PREFIX_RE.match(path):
+        return m.group(1), m.group(2) or "/"
+    return None, path
+
+
+def no_session_message(key: str | None) -> str:
+    """Why a call with session key ``key`` (None: none sent) has no session, and the fix."""
+    what = "no session key was sent" if not key else "the session key is unknown or closed"
+    return (
+        f"{what}. Use the base_url or key returned by POST /sessions "
+        "(path prefix /s/<key>, or the key as the API key)."
+    )
 
 
 @dataclass
@@ -38,7 +55,7 @@ class PreparedCall:
     reply_request: CanonicalRequest  # without messages/tools: dialects read only flags and state
     payload: bytes
     record_request: RequestRecord
-    fields: dict[str, Any]
+    fields: JsonObject  # the call record's fields known before the engine answers
     hide_reasoning: bool = False
     """The agent asked for no reasoning (``include_reasoning: false``): recorded, not replied."""
 
@@ -48,7 +65,7 @@ class Outcome:
     """What one forwarded model call produced: an engine completion, a stop reply, or an error."""
 
     kind: str  # "ok" | "stop" | "error"
-    completion: dict[str, Any] | None = None
+    completion: JsonObject | None = None
     status: int = 200
     message: str = ""
 
@@ -90,8 +107,4 @@ class CallHost(Protocol):
         self, request: Request, path: str, path_key: str | None, raw: bytes | None
     ) -> Response | PreparedCall: ...
 
-    async def record_event(
-        self, session: Session, kind: str, index: int | None, fields: dict[str, Any]
-    ) -> None: ...
-
-    async def forward_call(self, call: PreparedCall, index: int) -> Outcome: ...
+    async def start_call(self, prepared: PreparedCall) -> Outcome | asyncio.Task[Outcome]: ...

@@ -10,13 +10,14 @@ import asyncio
 import hmac
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.sessions import Session, SessionRegistry, new_session_id, shard_of
 from fineenvs.proxy.settings import ProxySettings
 from fineenvs.proxy.store import CallStore
@@ -56,7 +57,7 @@ class WorkerDirectory(Protocol):
 
     def worker(self, shard: int) -> WorkerAddress: ...
 
-    def status(self) -> list[dict[str, Any]]: ...
+    def status(self) -> list[JsonObject]: ...
 
     async def forward(
         self, shard: int, method: str, path: str, *, query: bytes = b"", body: bytes | None = None
@@ -105,7 +106,7 @@ class ControlPlane:
         )
 
     async def health(self, request: Request) -> Response:
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "status": "ok",
             "served_model": self.proxy.settings.served_model,
             "sessions": len(self.proxy.sessions.by_digest),
@@ -202,7 +203,16 @@ class ControlPlane:
         shard = self._owner(request.path_params["session_id"])
         return None if shard == self.proxy.shard[0] else shard
 
-    def _session_or_404(self, request: Request) -> Session | Response:
+    async def _session_route(self, request: Request) -> Session | Response:
+        """The session a ``/sessions/{id}`` route names, or the route's answer when it is not here.
+
+        That answer is the 401 for a missing admin key, the answer of the worker that owns the
+        session, or a 404.
+        """
+        if denied := self._admin_denied(request):
+            return denied
+        if (shard := self._foreign(request)) is not None:
+            return await self._forwarded(request, shard)
         sid = request.path_params["session_id"]
         session = self.proxy.sessions.get(sid)
         if session is None:
@@ -212,23 +222,15 @@ class ControlPlane:
         return session
 
     async def session_stats(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        if (shard := self._foreign(request)) is not None:
-            return await self._forwarded(request, shard)
-        session = self._session_or_404(request)
+        session = await self._session_route(request)
         return session if isinstance(session, Response) else json_response(session.stats())
 
     async def rollout(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        if (shard := self._foreign(request)) is not None:
-            return await self._forwarded(request, shard)
-        session = self._session_or_404(request)
+        session = await self._session_route(request)
         if isinstance(session, Response):
             return session
         data = await asyncio.to_thread(self.proxy.store.read_session, session.session_id)
-        body: dict[str, Any] = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
+        body: JsonObject = {"session": session.stats(), "calls": data["calls"], "events": data["events"]}
         # ?trajectory=false: callers that build rows with their own options (the attempt runner)
         # skip building the graph here a second time.
         if request.query_params.get("trajectory", "true").lower() not in ("0", "false", "no"):
@@ -237,11 +239,7 @@ class ControlPlane:
         return json_response(body)
 
     async def delete_session(self, request: Request) -> Response:
-        if denied := self._admin_denied(request):
-            return denied
-        if (shard := self._foreign(request)) is not None:
-            return await self._forwarded(request, shard)
-        session = self._session_or_404(request)
+        session = await self._session_route(request)
         if isinstance(session, Response):
             return session
         await self.proxy.sessions.close(session)
@@ -252,7 +250,7 @@ class ControlPlane:
         return json_response({"session_id": session.session_id, "closed": True, "purged": purge})
 
 
-def build_trajectory(calls: list[CallRecord], metadata: dict[str, Any]) -> dict[str, Any]:
+def build_trajectory(calls: list[CallRecord], metadata: JsonObject) -> JsonObject:
     """The session's graph, rows, findings and metrics (``fineenvs.trajectory``) as JSON."""
     from fineenvs.trajectory import build_session, session_to_json
 

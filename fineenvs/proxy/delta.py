@@ -24,7 +24,6 @@ import warnings
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
@@ -236,7 +235,7 @@ class TokenIndex:
             self._add_end(chain, full, n_full, call_id)
 
 
-def message_digests(messages: Sequence[Any], chain: list[bytes] | None = None) -> list[bytes]:
+def message_digests(messages: Sequence[object], chain: list[bytes] | None = None) -> list[bytes]:
     """Chain hashes over canonical messages; ``out[i]`` covers ``messages[:i + 1]``.
 
     With ``chain`` (an earlier result), continues it over ``messages`` and returns the whole chain.

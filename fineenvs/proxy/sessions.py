@@ -12,10 +12,10 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.store import SESSION_ID_RE, CallStore
 
 # Events that consumed a model call (forwarded to the engine) and the counter each one feeds.
@@ -49,7 +49,7 @@ def key_digest(key: str) -> str:
 class Session:
     session_id: str
     key_sha256: str
-    metadata: dict[str, Any]
+    metadata: JsonObject
     max_model_calls: int
     created_at: float
     closed: bool = False
@@ -66,7 +66,7 @@ class Session:
     hydrated: bool = True
     harness_ids: dict[str, list[str]] = field(default_factory=dict)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> JsonObject:
         return {
             "session_id": self.session_id,
             "key_sha256": self.key_sha256,
@@ -76,7 +76,7 @@ class Session:
             "closed": self.closed,
         }
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> JsonObject:
         now = time.time()
         return {
             "session_id": self.session_id,
@@ -130,7 +130,7 @@ class SessionRegistry:
                 self.by_digest[session.key_sha256] = session
 
     async def create(
-        self, metadata: dict[str, Any], *, max_model_calls: int | None = None, session_id: str | None = None
+        self, metadata: JsonObject, *, max_model_calls: int | None = None, session_id: str | None = None
     ) -> tuple[Session, str]:
         if session_id is None:
             session_id = new_session_id()

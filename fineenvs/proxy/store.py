@@ -30,11 +30,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import orjson
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.delta import (
     Prompt,
     SessionIndex,
@@ -220,13 +221,13 @@ class CallStore:
             )
         return self.sessions_dir / session_id
 
-    async def create_session(self, session_id: str, meta: dict[str, Any]) -> None:
+    async def create_session(self, session_id: str, meta: JsonObject) -> None:
         """A brand-new session: its (empty) delta index needs no look at the disk later."""
         self.session_dir(session_id).mkdir(parents=True, exist_ok=True)
         self._indexes[session_id] = SessionIndex()
         await self.save_meta(session_id, meta)
 
-    async def save_meta(self, session_id: str, meta: dict[str, Any]) -> None:
+    async def save_meta(self, session_id: str, meta: JsonObject) -> None:
         directory = self.session_dir(session_id)
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
@@ -234,9 +235,9 @@ class CallStore:
             directory / "meta.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2), replace=True
         )
 
-    def load_metas(self) -> list[dict[str, Any]]:
+    def load_metas(self) -> list[JsonObject]:
         """Every persisted session's metadata (unreadable ones are skipped with their error noted)."""
-        metas: list[dict[str, Any]] = []
+        metas: list[JsonObject] = []
         for meta_path in sorted(self.sessions_dir.glob("*/meta.json")):
             try:
                 metas.append(orjson.loads(meta_path.read_bytes()))
@@ -295,7 +296,9 @@ class CallStore:
         p = Prompt.from_ids(prompt_ids)
         index.tokens.add(call_id, p.data, p.n, p.chain, p.data + token_bytes(sampled_ids))
 
-    def prepare_request(self, session_id: str, messages: list[Any], tools: list[Any] | None) -> RequestRecord:
+    def prepare_request(
+        self, session_id: str, messages: list[JsonObject], tools: list[JsonObject] | None
+    ) -> RequestRecord:
         """Take what the record needs from a request before the engine call (on the event loop).
 
         The messages are matched against the session's earlier calls now, so only the new suffix
@@ -332,8 +335,8 @@ class CallStore:
         prompt: Prompt | Sequence[int] | np.ndarray,
         sampled_ids: Sequence[int],
         request: RequestRecord,
-        response_message: dict[str, Any],
-        fields: dict[str, Any],
+        response_message: JsonObject,
+        fields: JsonObject,
     ) -> bytes:
         """Build one call line and update the session's delta index (runs on the event loop)."""
         index = self._index(session_id)
@@ -359,7 +362,7 @@ class CallStore:
             "digest": end_hash(chain, data, n).hex(),
         }
         index.messages.add(call_id, message_digests([response_message], request.chain))
-        req: dict[str, Any] = {
+        req: JsonObject = {
             "messages": {"parent": request.parent, "offset": request.offset, "suffix": request.suffix},
             "tools_digest": request.tools_digest,
         }
@@ -389,7 +392,7 @@ class CallStore:
             self._indexes.pop(session_id, None)
             raise StoreError(f"writing session {session_id} log failed: {exc}") from exc
 
-    async def record_event(self, session_id: str, event: dict[str, Any]) -> None:
+    async def record_event(self, session_id: str, event: JsonObject) -> None:
         """A counted non-training event (budget stop, context stop, upstream error)."""
         line = orjson.dumps({"type": "event", "schema_version": CALL_SCHEMA_VERSION, **event}) + b"\n"
         await self.append_line(session_id, line)
@@ -404,8 +407,8 @@ class CallStore:
         calls: list[CallRecord] = []
         events: list[EventRecord] = []
         ends: dict[str, array] = {}
-        msg_lists: dict[str, list[Any]] = {}
-        tools_by_digest: dict[str, Any] = {}
+        msg_lists: dict[str, list[JsonObject]] = {}
+        tools_by_digest: JsonObject = {}
         if not path.exists():
             return {"meta": meta, "calls": calls, "events": events}
         with open(path, "rb") as fh:

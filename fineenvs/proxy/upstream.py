@@ -23,11 +23,11 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.delta import Prompt, parse_ids
 from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable
 from fineenvs.proxy.settings import ProxySettings
@@ -88,23 +88,23 @@ PLACEHOLDER_LOGPROB = -9999.0
 
 @dataclass
 class EngineRequest:
-    body: dict[str, Any]
-    requested_sampling: dict[str, Any]
-    applied_sampling: dict[str, Any]
+    body: JsonObject
+    requested_sampling: JsonObject
+    applied_sampling: JsonObject
     max_tokens_requested: int | None
     notes: list[str] = field(default_factory=list)
     hide_reasoning: bool = False
     """The agent sent ``include_reasoning: false``: the engine is asked for it anyway (the record
     keeps it), and the reply to the agent leaves it out."""
-    requested_format: dict[str, Any] | None = None
+    requested_format: JsonObject | None = None
     """Structured output the agent asked for (``response_format`` other than text, or
     ``structured_outputs``): served, recorded as constrained, kept as context in rows."""
 
 
 @dataclass
 class EngineResult:
-    completion: dict[str, Any]
-    message: dict[str, Any]
+    completion: JsonObject
+    message: JsonObject
     prompt: Prompt | None
     sampled_ids: list[int]
     logprobs: list[float] | None
@@ -115,11 +115,11 @@ class EngineResult:
     upstream_s: float
     attempts: int
     notes: list[str] = field(default_factory=list)
-    weight_versions: list[dict[str, Any]] | None = None
+    weight_versions: list[JsonObject] | None = None
     """The engine's spans as it sent them (vLLM: ``[{"version", "start", "end"}]``)."""
 
 
-def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> EngineRequest:
+def build_engine_request(canonical: JsonObject, settings: ProxySettings) -> EngineRequest:
     """The engine body for one call: policy applied, the agent's values kept for the record."""
     body = dict(canonical)
     notes: list[str] = []
@@ -170,7 +170,7 @@ def build_engine_request(canonical: dict[str, Any], settings: ProxySettings) -> 
     return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning, requested_format)
 
 
-def _requested_format(body: dict[str, Any]) -> dict[str, Any] | None:
+def _requested_format(body: JsonObject) -> JsonObject | None:
     """The structured-output request in the body, if any (what the record keeps of it)."""
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
@@ -249,7 +249,7 @@ async def post_with_retries(
 
 
 def parse_completion(
-    data: Any, *, attempts: int, upstream_s: float, prompt: Prompt | None = None
+    data: object, *, attempts: int, upstream_s: float, prompt: Prompt | None = None
 ) -> EngineResult:
     """Pull the token-level capture out of the engine reply and leave a lean completion for dialects."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
@@ -283,7 +283,7 @@ def parse_completion(
         message["reasoning_content"] = message.pop("reasoning")
     finish = choice.get("finish_reason") or "stop"
     raw_usage = data.get("usage")
-    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    usage: JsonObject = raw_usage if isinstance(raw_usage, dict) else {}
     n_prompt = prompt.n if prompt is not None else 0
     usage = {
         "prompt_tokens": usage.get("prompt_tokens") or n_prompt,
@@ -374,7 +374,7 @@ class VersionBracket:
             )
 
 
-def _version_number(label: Any) -> int | None:
+def _version_number(label: object) -> int | None:
     if isinstance(label, bool):
         return None
     if isinstance(label, int):
@@ -387,7 +387,7 @@ def _version_number(label: Any) -> int | None:
     return None
 
 
-def _weight_version(spans: Any, top_level: Any) -> tuple[int | None, str]:
+def _weight_version(spans: object, top_level: object) -> tuple[int | None, str]:
     """The oldest numeric version among vLLM's ``weight_versions`` spans (else the embedded
     engine's top-level ``weight_version``), and a note when the engine's label is not a number
     (vLLM starts at ``"default"`` until a version is set)."""
@@ -401,7 +401,7 @@ def _weight_version(spans: Any, top_level: Any) -> tuple[int | None, str]:
     return _version_number(top_level), ""
 
 
-def _pair_logprobs(sampled_ids: list[int], block: Any) -> tuple[list[float] | None, bool, str]:
+def _pair_logprobs(sampled_ids: list[int], block: object) -> tuple[list[float] | None, bool, str]:
     """Per position: entry i must be ``token_id:<sampled_ids[i]>`` with a finite logprob <= 0."""
     if not sampled_ids:
         return None, False, "engine returned no token_ids"

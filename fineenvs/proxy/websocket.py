@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -43,7 +41,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from fineenvs.dialects import DIALECTS, DialectError, stop_completion
 from fineenvs.dialects.base import CanonicalRequest, Dialect
-from fineenvs.proxy.calls import BUDGET_TEXT, PREFIX_RE, CallHost, Outcome, PreparedCall
+from fineenvs.jsonl import JsonObject
+from fineenvs.proxy.calls import CallHost, Outcome, PreparedCall, no_session_message, split_session_prefix
 from fineenvs.proxy.wire import bearer, json_response
 
 log = logging.getLogger("fineenvs.proxy.websocket")
@@ -56,8 +55,8 @@ class Conversation:
     """What ``previous_response_id`` refers to: the connection's last response and its input."""
 
     response_id: str | None = None
-    input: list[Any] = field(default_factory=list)
-    output: list[Any] = field(default_factory=list)
+    input: list[object] = field(default_factory=list)
+    output: list[object] = field(default_factory=list)
 
 
 class FrameError(Exception):
@@ -72,7 +71,7 @@ def _dialect() -> Dialect:
     return DIALECTS[DIALECT]
 
 
-def error_frame(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+def error_frame(status: int, message: str, code: str | None = None) -> JsonObject:
     """An error in the Responses format, wrapped as the WebSocket transport sends it."""
     body = _dialect().error_body(status, message)
     if code is not None:
@@ -80,16 +79,16 @@ def error_frame(status: int, message: str, code: str | None = None) -> dict[str,
     return {"type": "error", "status": status, **body}
 
 
-def sse_payloads(chunks: list[bytes]) -> list[dict[str, Any]]:
+def sse_payloads(chunks: list[bytes]) -> list[JsonObject]:
     """The JSON objects of a Responses SSE stream (one per ``data:`` line)."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for line in b"".join(chunks).split(b"\n"):
         if line.startswith(b"data: "):
             out.append(orjson.loads(line[len(b"data: ") :]))
     return out
 
 
-def expand(body: dict[str, Any], conv: Conversation) -> dict[str, Any]:
+def expand(body: JsonObject, conv: Conversation) -> JsonObject:
     """The request with ``previous_response_id`` resolved into the full input (or a FrameError)."""
     new_input = body.get("input")
     if isinstance(new_input, str):
@@ -110,7 +109,7 @@ def expand(body: dict[str, Any], conv: Conversation) -> dict[str, Any]:
     return {**body, "input": [*conv.input, *conv.output, *new_input]}
 
 
-def warmup_events(body: dict[str, Any], model: str) -> list[dict[str, Any]]:
+def warmup_events(body: JsonObject, model: str) -> list[JsonObject]:
     """``response.created`` + ``response.completed`` of an empty response (``generate: false``).
 
     The Response object is the dialect's own (echoing the request's settings), with no output.
@@ -163,7 +162,7 @@ class ResponsesSocket:
             for frame in frames:
                 await self.ws.send_text(orjson.dumps(frame).decode())
 
-    async def handle(self, raw: bytes) -> list[dict[str, Any]]:
+    async def handle(self, raw: bytes) -> list[JsonObject]:
         try:
             frame = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -196,33 +195,24 @@ class ResponsesSocket:
         self._remember(events, body["input"])
         return events
 
-    async def _call(self, prepared: PreparedCall) -> list[dict[str, Any]]:
+    async def _call(self, prepared: PreparedCall) -> list[JsonObject]:
         proxy = self.proxy
         prepared.fields["transport"] = "websocket"
-        session, canonical = prepared.session, prepared.reply_request
+        canonical = prepared.reply_request
         model = canonical.model or proxy.settings.served_model
-        session.last_call_at = time.time()
-        if session.model_calls >= session.max_model_calls:
-            session.budget_stops += 1
-            await proxy.record_event(session, "budget_stop", None, {"model_calls": session.model_calls})
-            text = BUDGET_TEXT.format(n=session.max_model_calls)
-            return self._events(Outcome("stop", stop_completion(text)), canonical, model)
-        session.model_calls += 1
-        index = session.next_index
-        session.next_index += 1
-        task = asyncio.create_task(proxy.forward_call(prepared, index))
-        proxy.tasks.add(task)
-        task.add_done_callback(proxy.tasks.discard)
+        task = await proxy.start_call(prepared)
+        if isinstance(task, Outcome):
+            return self._events(task, canonical, model)
         outcome = await asyncio.shield(task)
         async with proxy.cpu_turn:
             return self._events(outcome, canonical, model)
 
-    def _events(self, outcome: Outcome, canonical: CanonicalRequest, model: str) -> list[dict[str, Any]]:
+    def _events(self, outcome: Outcome, canonical: CanonicalRequest, model: str) -> list[JsonObject]:
         if outcome.kind == "error" or outcome.completion is None:
             return [error_frame(outcome.status, outcome.message)]
         return sse_payloads(list(_dialect().stream_events(outcome.completion, canonical, model=model)))
 
-    def _remember(self, events: list[dict[str, Any]], full_input: list[Any]) -> None:
+    def _remember(self, events: list[JsonObject], full_input: list[object]) -> None:
         final = events[-1] if events else {}
         response = final.get("response")
         if final.get("type") in ("response.completed", "response.incomplete") and isinstance(response, dict):
@@ -232,23 +222,14 @@ class ResponsesSocket:
 async def serve_websocket(proxy: CallHost, scope: Scope, receive: Receive, send: Send) -> None:
     """ASGI entry for every WebSocket upgrade the proxy receives."""
     ws = WebSocket(scope, receive, send)
-    path: str = scope["path"]
-    path_key = None
-    if m := PREFIX_RE.match(path):
-        path_key, path = m.group(1), m.group(2) or "/"
+    path_key, path = split_session_prefix(scope["path"])
     if path.rstrip("/") not in PATHS:
         await _deny(ws, 404, f"no WebSocket route {path}: the proxy serves only /v1/responses.")
         return
     headers = ws.headers
     key = path_key or bearer(headers) or headers.get("x-api-key")
     if not key or proxy.sessions.lookup(key) is None:
-        what = "no session key was sent" if not key else "the session key is unknown or closed"
-        await _deny(
-            ws,
-            401,
-            f"{what}. Use the base_url or key returned by POST /sessions "
-            "(path prefix /s/<key>, or the key as the API key).",
-        )
+        await _deny(ws, 401, no_session_message(key))
         return
     await ws.accept()
     try:

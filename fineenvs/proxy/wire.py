@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 from starlette.responses import Response
 
 
-def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+def json_response(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 

@@ -37,11 +37,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 
 log = logging.getLogger("fineenvs.proxy.workers")
@@ -54,13 +54,13 @@ def share_of_engine(settings: ProxySettings) -> int:
     return max(1, settings.max_upstream_concurrency // settings.workers)
 
 
-def settings_to_json(settings: ProxySettings) -> dict[str, Any]:
+def settings_to_json(settings: ProxySettings) -> JsonObject:
     data = dataclasses.asdict(settings)
     data["store_dir"] = str(settings.store_dir)
     return data
 
 
-def settings_from_json(data: dict[str, Any]) -> ProxySettings:
+def settings_from_json(data: JsonObject) -> ProxySettings:
     data = dict(data)
     data["sampling"] = SamplingPolicy(**data["sampling"])
     data["store_dir"] = Path(data["store_dir"])
@@ -279,7 +279,7 @@ class WorkerPool:
                 await asyncio.sleep(0.25)
         raise AssertionError("unreachable")
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[JsonObject]:
         return [
             {"shard": w.shard, "port": w.port, "alive": w.alive, "restarts": w.restarts} for w in self.workers
         ]
