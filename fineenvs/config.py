@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
+from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.rows import RowOptions
@@ -208,24 +208,6 @@ class EngineSpec:
 
 
 @dataclass
-class ProxySpec:
-    host: str = "127.0.0.1"
-    port: int = 0
-    admin_key: str | None = None
-    """Required when host is not loopback; control routes then need it."""
-    max_model_calls: int = _PROXY.max_model_calls
-    """Default per-session model-call budget (the scheduler sets it per attempt)."""
-    max_body_bytes: int = _PROXY.max_body_bytes
-    keepalive_seconds: float = _PROXY.keepalive_seconds
-    upstream_retries: int = _PROXY.retries
-    workers: int = 1
-    """Proxy processes, each owning a shard of the sessions: one per spare core raises the proxy's
-    throughput ceiling (~1 ms of CPU per call per process); ports ``port..port+workers-1``."""
-    store_dir: str | None = None
-    """Call records; None means ``<output_dir>/records``."""
-
-
-@dataclass
 class HarnessSpec:
     """How a run uses one agent. What the agent is (package, pinned version, registry, the formats
     it speaks) is its adapter's, in ``fineenvs.harnesses``: one copy, read by the installer too."""
@@ -361,7 +343,7 @@ class RunConfig:
     """None: Hydra's run directory."""
     model: ModelSpec = MISSING
     engine: EngineSpec = MISSING
-    proxy: ProxySpec = field(default_factory=ProxySpec)
+    proxy: ProxyOptions = field(default_factory=ProxyOptions)
     harness: dict[str, HarnessSpec] = field(default_factory=dict)
     tasks: TasksSpec = MISSING
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
@@ -383,7 +365,7 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="model", name="model_schema", node=ModelSpec)
     cs.store(group="engine", name="engine_schema", node=EngineSpec)
-    cs.store(group="proxy", name="proxy_schema", node=ProxySpec)
+    cs.store(group="proxy", name="proxy_schema", node=ProxyOptions)
     cs.store(group="tasks", name="tasks_schema", node=TasksSpec)
     cs.store(group="sampling", name="sampling_schema", node=SamplingSpec)
     cs.store(group="reward", name="reward_schema", node=RewardSpec)

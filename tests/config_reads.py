@@ -25,7 +25,7 @@ from fineenvs_recipes.mini_repro.settings import MiniReproSettings
 SECTIONS: dict[str, tuple[type, ...]] = {
     "model": (C.ModelSpec,),
     "engine": (C.EngineSpec,),
-    "proxy": (C.ProxySpec,),
+    "proxy": (C.ProxyOptions, C.ProxySettings),
     "harness": (C.HarnessSpec,),
     "tasks": (C.TasksSpec,),
     "sampling": (C.SamplingSpec,),

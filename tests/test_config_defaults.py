@@ -137,3 +137,28 @@ def test_the_checks_find_a_restated_and_an_unexplained_value(tmp_path: Path) -> 
     )
     assert restated(option) == ["learning_rate"]
     assert silent(option) == ["max_steps"]
+
+
+def test_the_engine_section_agrees_with_the_vllm_command_it_builds() -> None:
+    """``VLLMServeArgs`` models ``vllm serve``'s command line for the launcher (usable without a run
+    config); where a run's ``engine.*`` knob maps one to one onto an argument, both defaults must
+    be the same value, so a run and a direct launch start the same server."""
+    import dataclasses
+
+    from fineenvs.config import EngineSpec
+    from fineenvs.engine.vllm import VLLMServeArgs
+
+    def defaults(cls: type) -> dict[str, Any]:
+        return {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        }
+
+    engine, command = defaults(EngineSpec), defaults(VLLMServeArgs)
+    # Knobs whose run default means "derive it" (None, auto, 0 = a free port) differ on purpose.
+    derived = {"dtype", "max_model_len", "platform", "port", "weight_sync", "devices"}
+    shared = sorted(set(engine) & set(command) - derived)
+    assert len(shared) >= 8, shared
+    differing = {k: (engine[k], command[k]) for k in shared if engine[k] != command[k]}
+    assert not differing, f"engine.* defaults differ from VLLMServeArgs': {differing}"

@@ -158,8 +158,11 @@ def start_proxy(run: RunConfig, engine: EngineHandle, out: Path, stack: ExitStac
         "--min-p", str(run.sampling.min_p),
         "--max-body-bytes", str(p.max_body_bytes),
         "--keepalive-seconds", str(p.keepalive_seconds),
-        "--retries", str(p.upstream_retries),
+        "--body-timeout-seconds", str(p.body_timeout_s),
+        "--max-upstream-concurrency", str(p.max_upstream_concurrency),
+        "--retries", str(p.retries),
         "--workers", str(p.workers),
+        *([] if p.fsync else ["--no-fsync"]),
     ]  # fmt: skip
     env = dict(os.environ, FINEENVS_ADMIN_KEY=p.admin_key) if p.admin_key else None
     url = f"http://{p.host}:{port}"

@@ -12,7 +12,6 @@ import gc
 import logging
 import os
 import sys
-from pathlib import Path
 
 from fineenvs.proxy.settings import ProxySettings, SamplingPolicy
 
@@ -42,13 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
     serve.add_argument("--served-model", required=True, help="model id the engine serves")
     serve.add_argument("--host", default=_D.host, help="bind address (non-loopback needs an admin key)")
-    serve.add_argument("--port", type=int, default=_D.port)
+    serve.add_argument("--port", type=int, default=8100, help="0: a free port")
     serve.add_argument(
         "--admin-key",
         default=os.environ.get("FINEENVS_ADMIN_KEY"),
         help="key for the control routes (default $FINEENVS_ADMIN_KEY); required off loopback",
     )
-    serve.add_argument("--store-dir", type=Path, default=_D.store_dir)
+    serve.add_argument("--store-dir", default=_D.store_dir, help="call records (default outputs/proxy_store)")
     for flag, kind, default, help_text in _NUMBERS:
         serve.add_argument(flag, type=kind, default=default, help=help_text)
     serve.add_argument(
@@ -101,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     from fineenvs.proxy.store import CallStore
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    store = CallStore(settings.store_dir, fsync=settings.fsync)
+    store = CallStore(settings.store_path, fsync=settings.fsync)
     app = create_proxy_app(settings, store=store, log_level=args.log_level)
     print(
         f"fineenvs proxy on http://{settings.host}:{settings.port} -> {settings.upstream_url} "
-        f"(model {settings.served_model}, store {settings.store_dir}"
+        f"(model {settings.served_model}, store {settings.store_path}"
         + (f", {settings.workers} workers" if settings.workers > 1 else "")
         + ")",
         flush=True,

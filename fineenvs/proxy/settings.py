@@ -38,33 +38,55 @@ class SamplingPolicy:
 
 
 @dataclass
-class ProxySettings:
-    """Everything the proxy needs to run; defaults are the published recipe's values."""
+class ProxyOptions:
+    """The proxy's options: the ``proxy:`` section of a run's config (``conf/proxy/``) and the
+    flags of ``python -m fineenvs.proxy serve``. Each default is written here once."""
 
-    upstream_url: str = "http://127.0.0.1:8000"
-    served_model: str = "tiny_qwen"
     host: str = "127.0.0.1"
-    port: int = 8100
+    """Bind address; any other than loopback needs ``admin_key``."""
+    port: int = 0
+    """0: a free port, picked at start (the standalone ``serve`` defaults to 8100)."""
     admin_key: str | None = None
-    store_dir: Path = field(default_factory=lambda: Path("outputs/proxy_store"))
+    """Required when host is not loopback; the control routes then need it."""
+    store_dir: str | None = None
+    """Call records; None: ``<output_dir>/records`` in a run, ``outputs/proxy_store`` standalone."""
     max_model_calls: int = 17
-    max_output_tokens: int = 4096
-    sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
+    """Default per-session model-call budget (the scheduler sets it per attempt)."""
     max_body_bytes: int = 64 * 1024 * 1024
     """Largest request body accepted (413 above): a long agent session with images fits."""
     keepalive_seconds: float = 5.0
-    # A client that sends headers but trickles (or never sends) its body gives up its intake slot.
     body_timeout_s: float = 60.0
+    """A client that sends headers but trickles (or never sends) its body gives up its intake slot
+    after this long (408)."""
     retries: int = 3
+    """Attempts per call to the engine on 408/409/429/5xx (1: no retry)."""
+    max_upstream_concurrency: int = 256
+    """Calls in flight to the engine at once (= engine connections); the rest wait in the proxy. An
+    engine batches a few hundred sequences at most; vLLM's --max-num-seqs defaults to 256."""
+    fsync: bool = True
+    """fsync each record before answering the agent (off: faster, a crash may lose the last calls)."""
+    workers: int = 1
+    """Proxy processes, each owning a shard of the sessions (``fineenvs.proxy.workers``): one per
+    spare core raises the proxy's throughput ceiling (~1 ms of CPU per call per process); ports
+    ``port..port+workers-1``."""
+
+
+@dataclass
+class ProxySettings(ProxyOptions):
+    """Everything the proxy needs to run: its options, and what the run around it decides (the
+    engine it forwards to, the model, the enforced sampling)."""
+
+    upstream_url: str = "http://127.0.0.1:8000"
+    served_model: str = "tiny_qwen"
+    max_output_tokens: int = 4096
+    sampling: SamplingPolicy = field(default_factory=SamplingPolicy)
     retry_backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
     upstream_timeout_s: float = 600.0
-    # Calls in flight to the engine at once (= engine connections); the rest wait in the proxy.
-    # An engine batches a few hundred sequences at most; vLLM's --max-num-seqs defaults to 256.
-    max_upstream_concurrency: int = 256
-    fsync: bool = True
-    # Proxy processes, each owning a shard of the sessions (see ``fineenvs.proxy.workers``).
-    workers: int = 1
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store_dir or "outputs/proxy_store")
 
     def validate(self) -> None:
         """Refuse settings that would expose an unauthenticated control plane or make no sense."""

@@ -55,7 +55,7 @@ def worker_main() -> int:
     )
     _exit_with_parent(int(spec["parent"]))
     sock = socket.socket(fileno=int(spec["fd"]))
-    store = CallStore(settings.store_dir, fsync=settings.fsync)
+    store = CallStore(settings.store_path, fsync=settings.fsync)
     app = create_proxy_app(settings, store=store, shard=(int(spec["shard"]), int(spec["shards"])))
     gc.collect()
     gc.freeze()

@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import orjson
@@ -55,15 +54,12 @@ def share_of_engine(settings: ProxySettings) -> int:
 
 
 def settings_to_json(settings: ProxySettings) -> JsonObject:
-    data = dataclasses.asdict(settings)
-    data["store_dir"] = str(settings.store_dir)
-    return data
+    return dataclasses.asdict(settings)
 
 
 def settings_from_json(data: JsonObject) -> ProxySettings:
     data = dict(data)
     data["sampling"] = SamplingPolicy(**data["sampling"])
-    data["store_dir"] = Path(data["store_dir"])
     return ProxySettings(**data)
 
 

@@ -42,7 +42,7 @@ def test_worker_settings_round_trip_exactly() -> None:
     s = ProxySettings(
         upstream_url="http://127.0.0.1:9",
         served_model="m",
-        store_dir=Path("/tmp/x"),
+        store_dir="/tmp/x",
         sampling=SamplingPolicy(temperature=0.6, top_k=5),
         workers=3,
         fsync=False,
