@@ -27,9 +27,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+from fineenvs.jsonl import JsonObject
+
+if TYPE_CHECKING:
+    from llguidance import GrammarFormat, LLMatcher, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+    from transformers import PreTrainedTokenizerBase
 
 WHITESPACE = ("compact", "flexible")
 
@@ -39,15 +46,15 @@ class ConstraintError(ValueError):
 
 
 def grammar_of(
-    response_format: dict[str, Any] | None,
-    structured_outputs: dict[str, Any] | None,
+    response_format: JsonObject | None,
+    structured_outputs: JsonObject | None,
     *,
     whitespace: str = "compact",
-) -> tuple[str, dict[str, Any]] | None:
+) -> tuple[str, JsonObject] | None:
     """The llguidance grammar for a request, and what was asked (for the record); None: free text."""
     import llguidance
 
-    defaults: Any = {"whitespace_flexible": whitespace == "flexible"}  # llguidance's JsonCompileOptions
+    defaults: JsonCompileOptions = {"whitespace_flexible": whitespace == "flexible"}
     spec = structured_outputs or {}
     if response_format is not None:
         kind = response_format.get("type")
@@ -77,7 +84,7 @@ def grammar_of(
             return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=defaults), {
                 "type": "json_object"
             }
-        kinds: tuple[tuple[str, Any], ...] = (
+        kinds: tuple[tuple[str, GrammarFormat], ...] = (
             ("regex", "regex"),
             ("choice", "choice"),
             ("grammar", "grammar"),
@@ -95,7 +102,7 @@ def grammar_of(
     return None
 
 
-def _schema(schema: dict[str, Any], defaults: Any) -> str:
+def _schema(schema: JsonObject, defaults: JsonCompileOptions) -> str:
     import llguidance
 
     try:
@@ -122,13 +129,13 @@ def _validate(grammar: str) -> tuple[bool, str]:
 class Constraint:
     """One request's grammar state: masks logits before sampling, advances on each token."""
 
-    matcher: Any
+    matcher: LLMatcher
     vocab: int
     bitmask: torch.Tensor
-    requested: dict[str, Any]
+    requested: JsonObject
 
     @classmethod
-    def compile(cls, grammar: str, tokenizer: Any, requested: dict[str, Any]) -> Constraint:
+    def compile(cls, grammar: str, tokenizer: LLTokenizer, requested: JsonObject) -> Constraint:
         import llguidance
         import llguidance.torch as lt
 
@@ -162,8 +169,14 @@ class Constraint:
         return bool(self.matcher.is_stopped())
 
 
-def llg_tokenizer(hf_tokenizer: Any) -> Any:
+def llg_tokenizer(hf_tokenizer: PreTrainedTokenizerBase) -> LLTokenizer:
     """llguidance's view of a Hugging Face fast tokenizer (vLLM builds it the same way)."""
     import llguidance.hf
+    from transformers import PreTrainedTokenizerFast
 
+    if not isinstance(hf_tokenizer, PreTrainedTokenizerFast):  # llguidance reads the Rust tokenizer
+        raise ValueError(
+            f"structured outputs need a fast (tokenizers) tokenizer; {type(hf_tokenizer).__name__} is not "
+            "one. Fix: give the model a tokenizer.json"
+        )
     return llguidance.hf.from_tokenizer(hf_tokenizer)

@@ -109,46 +109,75 @@ def _plan(
             )
     mine = [g for g in gpus if visible is None or any(g.named(v) for v in visible)]
     if engine_devices:
-        if len(set(engine_devices)) != len(engine_devices):
+        _check_engine_devices(gpus, names, engine_devices, needed)
+        return _named_plan(
+            gpus, mine, visible=visible, engine_devices=engine_devices, needed=needed, training=training
+        )
+    return _default_plan(gpus, mine, visible=visible, needed=needed, training=training)
+
+
+def _check_engine_devices(gpus: list[Gpu], names: set[str], engine_devices: list[str], needed: int) -> None:
+    """Refuse an ``engine.devices`` that names a GPU twice, one nvidia-smi does not list, or the
+    wrong number of GPUs for vLLM's ranks."""
+    if len(set(engine_devices)) != len(engine_devices):
+        raise DeviceError(
+            f"engine.devices={engine_devices} names a GPU twice: vLLM needs distinct GPUs, one per rank. "
+            "Fix: list each GPU once."
+        )
+    missing = [d for d in engine_devices if d not in names]
+    if missing:
+        raise DeviceError(
+            f"engine.devices names {', '.join(missing)}, which nvidia-smi does not list "
+            f"(GPUs here: {', '.join(g.index for g in gpus) or 'none'}). Fix: engine.devices=[<index>, ...]."
+        )
+    if len(engine_devices) != needed:
+        raise DeviceError(
+            f"engine.devices has {len(engine_devices)} GPU(s) but engine.tensor_parallel_size x "
+            f"engine.data_parallel_size is {needed}: vLLM needs exactly one GPU per rank. Fix: list "
+            f"{needed} GPU(s) in engine.devices, or change the parallel sizes."
+        )
+
+
+def _named_plan(
+    gpus: list[Gpu],
+    mine: list[Gpu],
+    *,
+    visible: list[str] | None,
+    engine_devices: list[str],
+    needed: int,
+    training: bool,
+) -> DevicePlan:
+    """vLLM on the GPUs ``engine.devices`` names; the trainer on what is left (or what it sees)."""
+    chosen = [g for g in gpus if any(g.named(d) for d in engine_devices)]
+    if not training:
+        return DevicePlan(tuple(engine_devices), None, f"vLLM on GPU(s) {', '.join(engine_devices)}")
+    if visible is not None:
+        shared = [g.index for g in mine if g in chosen]
+        if shared:
             raise DeviceError(
-                f"engine.devices={engine_devices} names a GPU twice: vLLM needs distinct GPUs, one per rank. "
-                "Fix: list each GPU once."
+                f"engine.devices={engine_devices} overlaps the trainer's GPUs (CUDA_VISIBLE_DEVICES="
+                f"{','.join(visible)}): vLLM claims engine.gpu_memory_utilization of each GPU it sees, so "
+                f"the trainer would run out of memory on GPU(s) {', '.join(shared)}. Fix: start the run "
+                "with CUDA_VISIBLE_DEVICES naming only the trainer's GPUs, or pick other engine.devices."
             )
-        missing = [d for d in engine_devices if d not in names]
-        if missing:
-            raise DeviceError(
-                f"engine.devices names {', '.join(missing)}, which nvidia-smi does not list "
-                f"(GPUs here: {', '.join(g.index for g in gpus) or 'none'}). Fix: engine.devices=[<index>, ...]."
-            )
-        if len(engine_devices) != needed:
-            raise DeviceError(
-                f"engine.devices has {len(engine_devices)} GPU(s) but engine.tensor_parallel_size x "
-                f"engine.data_parallel_size is {needed}: vLLM needs exactly one GPU per rank. Fix: list "
-                f"{needed} GPU(s) in engine.devices, or change the parallel sizes."
-            )
-        chosen = [g for g in gpus if any(g.named(d) for d in engine_devices)]
-        if not training:
-            return DevicePlan(tuple(engine_devices), None, f"vLLM on GPU(s) {', '.join(engine_devices)}")
-        if visible is not None:
-            shared = [g.index for g in mine if g in chosen]
-            if shared:
-                raise DeviceError(
-                    f"engine.devices={engine_devices} overlaps the trainer's GPUs (CUDA_VISIBLE_DEVICES="
-                    f"{','.join(visible)}): vLLM claims engine.gpu_memory_utilization of each GPU it sees, so "
-                    f"the trainer would run out of memory on GPU(s) {', '.join(shared)}. Fix: start the run "
-                    "with CUDA_VISIBLE_DEVICES naming only the trainer's GPUs, or pick other engine.devices."
-                )
-            return DevicePlan(
-                tuple(engine_devices), None,
-                f"vLLM on GPU(s) {', '.join(engine_devices)}; trainer keeps CUDA_VISIBLE_DEVICES={','.join(visible)}",
-            )  # fmt: skip
-        rest = tuple(g.index for g in gpus if g not in chosen)
-        if not rest:
-            raise DeviceError(_no_trainer_gpu(gpus, needed))
         return DevicePlan(
-            tuple(engine_devices), rest,
-            f"vLLM on GPU(s) {', '.join(engine_devices)}; trainer on GPU(s) {', '.join(rest)}",
+            tuple(engine_devices), None,
+            f"vLLM on GPU(s) {', '.join(engine_devices)}; trainer keeps CUDA_VISIBLE_DEVICES={','.join(visible)}",
         )  # fmt: skip
+    rest = tuple(g.index for g in gpus if g not in chosen)
+    if not rest:
+        raise DeviceError(_no_trainer_gpu(gpus, needed))
+    return DevicePlan(
+        tuple(engine_devices), rest,
+        f"vLLM on GPU(s) {', '.join(engine_devices)}; trainer on GPU(s) {', '.join(rest)}",
+    )  # fmt: skip
+
+
+def _default_plan(
+    gpus: list[Gpu], mine: list[Gpu], *, visible: list[str] | None, needed: int, training: bool
+) -> DevicePlan:
+    """vLLM's GPUs when ``engine.devices`` is unset: the last ones, or those outside the trainer's
+    ``CUDA_VISIBLE_DEVICES``."""
     if not training:
         if len(mine) < needed:
             raise DeviceError(_too_few(mine, needed, "vLLM"))

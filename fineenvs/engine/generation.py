@@ -16,9 +16,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+from fineenvs.jsonl import JsonObject
+
+if TYPE_CHECKING:
+    from llguidance import LLTokenizer
+    from transformers.cache_utils import Cache
+
+    from fineenvs.engine.constrained import Constraint
 
 FinishReason = Literal["stop", "length", "abort"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -124,7 +132,7 @@ class _Row:
         self.stop_reason: int | str | None = None
         self.on_token = False  # stopped on a stop token, whose text is not part of the content
         self.done = params.max_tokens <= 0
-        self.constraint: Any = None
+        self.constraint: Constraint | None = None
         if params.grammar is not None:
             from fineenvs.engine.constrained import Constraint
 
@@ -271,7 +279,7 @@ class Generator:
         return cached
 
     @property
-    def llg_tokenizer(self) -> Any:
+    def llg_tokenizer(self) -> LLTokenizer:
         """llguidance's tokenizer for constrained decoding (built on first use)."""
         cached = getattr(self, "_llg_tokenizer", None)
         if cached is None:
@@ -289,22 +297,24 @@ class Generator:
         with self.tokenizer_lock:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def render(self, messages: list[dict[str, Any]], tools: Any, **template_kwargs: Any) -> list[int]:
+    def render(
+        self, messages: list[JsonObject], tools: list[JsonObject] | None, **template_kwargs: Any
+    ) -> list[int]:
         """Apply the chat template and tokenise the text (as vLLM: no extra special tokens)."""
         with self.tokenizer_lock:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, **template_kwargs
+                messages, tools=None if tools is None else [*tools], tokenize=False, **template_kwargs
             )
             return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _forward(
         self,
         input_ids: torch.Tensor,
-        cache: Any,
+        cache: Cache | None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, Any]:
-        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
+    ) -> tuple[torch.Tensor, Cache]:
+        kwargs: dict[str, object] = {self._cache_kw: cache, "use_cache": True, "logits_to_keep": 1}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(self.device)
         if position_ids is not None:
@@ -411,7 +421,7 @@ class Generator:
                 logits, cache = self._forward(feed, cache, mask, positions)
         return [results[i] for i in range(len(rows))]
 
-    def _prefill(self, prompt: list[int], version: int) -> tuple[Any, torch.Tensor]:
+    def _prefill(self, prompt: list[int], version: int) -> tuple[Cache, torch.Tensor]:
         """The model state after ``prompt`` and its next-token logits, computed from the longest
         cached prefix; the state after the prompt is cached in turn."""
         hit = self.prefix_cache.lookup(prompt, version)
@@ -425,7 +435,7 @@ class Generator:
         return state, logits[0]
 
     def _keep_finished(
-        self, rows: list[_Row], batch: list[int], cache: Any, pads: list[int], step: int, version: int
+        self, rows: list[_Row], batch: list[int], cache: Cache, pads: list[int], step: int, version: int
     ) -> None:
         """Cache the state of each row that finished at this step: its prompt and every sampled
         token but the last (the one never fed), as the agent's next call will start with them."""

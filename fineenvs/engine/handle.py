@@ -14,23 +14,22 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from subprocess import Popen
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
 from fineenvs.engine.launcher import (
     EngineStartError,
     EngineUnavailableError,
+    Launched,
     cuda_devices,
     free_port,
-    launched,
-    launched_async,
     require_cuda,
 )
 from fineenvs.engine.vllm import (
@@ -148,92 +147,81 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
         self.build, self.host, self.port, self.log_path = build, host, port, log_path
         self.timeout_s, self.grace_s = timeout_s, grace_s
         self.handle: EngineHandle | None = None
-        self._sync: AbstractContextManager[Popen[bytes]] | None = None
-        self._async: AbstractAsyncContextManager[Popen[bytes]] | None = None
+        self._launch: Launched | None = None
 
-    def _attempt(self) -> tuple[list[str], dict[str, str] | None, EngineHandle]:
-        return self.build(self.port or free_port(self.host))
+    def _attempts(self) -> Iterator[tuple[Launched, EngineHandle, bool]]:
+        """Each try's launch and handle, and whether another port may follow if its port is taken."""
+        for attempt in range(_PORT_TRIES):
+            cmd, env, handle = self.build(self.port or free_port(self.host))
+            yield self._launched(cmd, env, handle), handle, self.port == 0 and attempt + 1 < _PORT_TRIES
 
-    def _kwargs(self, handle: EngineHandle, env: dict[str, str] | None) -> dict[str, Any]:
-        return {
-            "base_url": handle.url,
-            "log_path": self.log_path,
-            "env": env,
-            "timeout_s": self.timeout_s,
-            "grace_s": self.grace_s,
-            "name": f"{handle.kind} engine",
-        }
+    def _launched(self, cmd: list[str], env: dict[str, str] | None, handle: EngineHandle) -> Launched:
+        return Launched(
+            cmd,
+            base_url=handle.url,
+            log_path=self.log_path,
+            env=env,
+            timeout_s=self.timeout_s,
+            grace_s=self.grace_s,
+            name=f"{handle.kind} engine",
+        )
 
-    @staticmethod
-    def _discard(handle: EngineHandle) -> None:
-        """Release what an attempt that did not start holds (its weight sync, its scratch folder)."""
-        if handle.weight_sync is not None:
-            handle.weight_sync.close()
-        _remove_scratch(handle)
+    @contextmanager
+    def _retrying(self, handle: EngineHandle, may_retry: bool) -> Iterator[None]:
+        """Around starting one try: if it fails or is interrupted, release what it holds (its weight
+        sync, its scratch folder), and swallow the failure when its port was taken and another
+        port may be tried."""
+        try:
+            yield
+        except BaseException as exc:
+            if handle.weight_sync is not None:
+                handle.weight_sync.close()
+            _remove_scratch(handle)
+            if not (may_retry and isinstance(exc, EngineStartError) and _port_taken(exc)):
+                raise
 
-    def _retry(self, attempt: int, handle: EngineHandle, exc: EngineStartError) -> bool:
-        self._discard(handle)
-        return self.port == 0 and attempt + 1 < _PORT_TRIES and _port_taken(exc)
+    def _started(self, launch: Launched, handle: EngineHandle, proc: Popen[bytes]) -> EngineHandle:
+        self._launch, self.handle, handle.pid = launch, handle, proc.pid
+        return handle
+
+    @contextmanager
+    def _stopping(self) -> Iterator[Launched]:
+        """Around stopping the engine: its weight sync closes first and its scratch folder goes
+        last, each step running whatever the ones before it raised."""
+        assert self._launch is not None and self.handle is not None
+        handle = self.handle
+        try:
+            try:
+                if handle.weight_sync is not None:
+                    handle.weight_sync.close()
+            finally:
+                yield self._launch  # the engine stops here, even when closing the weight sync failed
+        finally:
+            _remove_scratch(handle)
 
     def __enter__(self) -> EngineHandle:
-        for attempt in range(_PORT_TRIES):
-            cmd, env, handle = self._attempt()
-            launch = launched(cmd, **self._kwargs(handle, env))
-            try:
-                proc = launch.__enter__()
-            except EngineStartError as exc:
-                if self._retry(attempt, handle, exc):
-                    continue
-                raise
-            except BaseException:  # interrupted while starting
-                self._discard(handle)
-                raise
-            self._sync, self.handle, handle.pid = launch, handle, proc.pid
-            return handle
+        for launch, handle, may_retry in self._attempts():
+            with self._retrying(handle, may_retry):
+                return self._started(launch, handle, launch.__enter__())
         raise AssertionError("unreachable: the last attempt re-raises")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._sync is not None and self.handle is not None
-        try:
-            if self.handle.weight_sync is not None:
-                self.handle.weight_sync.close()
-        finally:
-            try:
-                self._sync.__exit__(exc_type, exc, tb)
-            finally:
-                _remove_scratch(self.handle)
+        with self._stopping() as launch:
+            launch.__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> EngineHandle:
-        for attempt in range(_PORT_TRIES):
-            cmd, env, handle = self._attempt()
-            launch = launched_async(cmd, **self._kwargs(handle, env))
-            try:
-                proc = await launch.__aenter__()
-            except EngineStartError as exc:
-                if self._retry(attempt, handle, exc):
-                    continue
-                raise
-            except BaseException:  # interrupted while starting
-                self._discard(handle)
-                raise
-            self._async, self.handle, handle.pid = launch, handle, proc.pid
-            return handle
+        for launch, handle, may_retry in self._attempts():
+            with self._retrying(handle, may_retry):
+                return self._started(launch, handle, await launch.__aenter__())
         raise AssertionError("unreachable: the last attempt re-raises")
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        assert self._async is not None and self.handle is not None
-        try:
-            if self.handle.weight_sync is not None:
-                self.handle.weight_sync.close()
-        finally:
-            try:
-                await self._async.__aexit__(exc_type, exc, tb)
-            finally:
-                _remove_scratch(self.handle)
+        with self._stopping() as launch:
+            await launch.__aexit__(exc_type, exc, tb)
 
 
 def _remove_scratch(handle: EngineHandle) -> None:

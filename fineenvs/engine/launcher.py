@@ -22,9 +22,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from pathlib import Path
+from types import TracebackType
 
 import httpx
 
@@ -210,58 +211,81 @@ def wait_healthy(
             time.sleep(poll_s)
 
 
-@contextmanager
-def launched(
-    cmd: Sequence[str],
-    *,
-    base_url: str,
-    log_path: Path,
-    env: dict[str, str] | None = None,
-    timeout_s: float = 600.0,
-    grace_s: float = 10.0,
-    health_paths: Sequence[str] = HEALTH_PATHS,
-    name: str = "engine",
-    before_start: Callable[[], None] | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` for the duration of the block, healthy on entry, stopped on any exit."""
-    if before_start is not None:
-        before_start()
-    proc = start_process(cmd, log_path=log_path, env=env)
-    try:
-        wait_healthy(proc, base_url, log_path=log_path, timeout_s=timeout_s, paths=health_paths, name=name)
-        yield proc
-    finally:
-        stop_process(proc, grace_s=grace_s)
+class Launched(
+    AbstractContextManager[subprocess.Popen[bytes]], AbstractAsyncContextManager[subprocess.Popen[bytes]]
+):
+    """``cmd`` running for the duration of a ``with`` or ``async with`` block, healthy on entry,
+    stopped on any exit. Under ``async with`` the process starts on the loop thread (so the
+    parent-death signal is tied to a long-lived thread); the blocking waits run in worker threads."""
 
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        base_url: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 600.0,
+        grace_s: float = 10.0,
+        health_paths: Sequence[str] = HEALTH_PATHS,
+        name: str = "engine",
+        before_start: Callable[[], None] | None = None,
+    ) -> None:
+        self.cmd, self.base_url, self.log_path, self.env = cmd, base_url, log_path, env
+        self.timeout_s, self.grace_s, self.health_paths, self.name = timeout_s, grace_s, health_paths, name
+        self.before_start = before_start
+        self.proc: subprocess.Popen[bytes] | None = None
 
-@asynccontextmanager
-async def launched_async(
-    cmd: Sequence[str],
-    *,
-    base_url: str,
-    log_path: Path,
-    env: dict[str, str] | None = None,
-    timeout_s: float = 600.0,
-    grace_s: float = 10.0,
-    health_paths: Sequence[str] = HEALTH_PATHS,
-    name: str = "engine",
-    before_start: Callable[[], None] | None = None,
-) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """``launched`` for asyncio code: the process starts on the loop thread (so the parent-death
-    signal is tied to a long-lived thread); the blocking waits run in worker threads."""
-    if before_start is not None:
-        before_start()
-    proc = start_process(cmd, log_path=log_path, env=env)
-    try:
-        await asyncio.to_thread(
-            wait_healthy,
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self.before_start is not None:
+            self.before_start()
+        self.proc = start_process(self.cmd, log_path=self.log_path, env=self.env)
+        return self.proc
+
+    def _wait_healthy(self, proc: subprocess.Popen[bytes]) -> None:
+        wait_healthy(
             proc,
-            base_url,
-            log_path=log_path,
-            timeout_s=timeout_s,
-            paths=health_paths,
-            name=name,
+            self.base_url,
+            log_path=self.log_path,
+            timeout_s=self.timeout_s,
+            paths=self.health_paths,
+            name=self.name,
         )
-        yield proc
-    finally:
-        await asyncio.shield(asyncio.to_thread(stop_process, proc, grace_s))
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, grace_s=self.grace_s)
+
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        proc = self._start()
+        try:
+            self._wait_healthy(proc)
+        except BaseException:
+            self._stop()
+            raise
+        return proc
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop()
+
+    async def __aenter__(self) -> subprocess.Popen[bytes]:
+        proc = self._start()
+        try:
+            await asyncio.to_thread(self._wait_healthy, proc)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._stop))
+            raise
+        return proc
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.shield(asyncio.to_thread(self._stop))
+
+
+launched = Launched
+"""Run a command for the duration of a ``with`` block (the name callers know)."""
+launched_async = Launched
+"""``launched`` for ``async with``: one class serves both."""

@@ -40,9 +40,8 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -253,7 +252,7 @@ class ParityGate:
             previous_version, previous = self._previous
             to_previous = _mean_abs(engine, previous)
             moved = _mean_abs(ours, previous)
-            check = _with(
+            check = replace(
                 check, previous_version=previous_version, engine_to_previous=to_previous, trainer_moved=moved
             )
             noise = self._noise if self._noise is not None else self.tolerance
@@ -271,8 +270,8 @@ class ParityGate:
                 "(model.path) or drop engine.url; an engine dtype coarser than expected raises the tolerance "
                 "(engine.dtype, engine.parity_tolerance)."
             )
-            check = _with(check, ok=False, problem=problem)
-        check = _with(check, seconds=time.perf_counter() - start)
+            check = replace(check, ok=False, problem=problem)
+        check = replace(check, seconds=time.perf_counter() - start)
         self.checks.append(check)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -297,9 +296,3 @@ class ParityGate:
     def close(self) -> None:
         if self._own_client:
             self.client.close()
-
-
-def _with(check: ParityCheck, **changes: Any) -> ParityCheck:
-    from dataclasses import replace
-
-    return replace(check, **changes)

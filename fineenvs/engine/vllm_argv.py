@@ -53,7 +53,7 @@ def _parser() -> Any:
     return parser, sub, cmds
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, dict):
@@ -67,7 +67,7 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def _parse_one(argv: list[str]) -> dict[str, Any]:
+def _parse_one(argv: list[str]) -> dict[str, object]:
     parser, _, cmds = _parser()
     err = io.StringIO()
     try:

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 
 from fineenvs.engine.launcher import free_port
+from fineenvs.jsonl import JsonObject
 
 if TYPE_CHECKING:
     import torch
@@ -127,7 +128,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def check_safetensors(path: Path, expected: Mapping[str, tuple[Any, tuple[int, ...]]]) -> None:
+def check_safetensors(path: Path, expected: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]) -> None:
     """Raise unless ``path`` holds exactly ``expected``'s names with those dtypes and shapes
     (reads the header only)."""
     from safetensors import safe_open
@@ -265,9 +266,17 @@ class _VLLMServer:
         engine's weights partly updated, and the error says so."""
         self.weights = "partial"
 
-    def post(self, path: str, what: str, hint: str = "", **kwargs: Any) -> dict[str, Any]:
+    def post(
+        self,
+        path: str,
+        what: str,
+        hint: str = "",
+        *,
+        json: JsonObject | None = None,
+        params: dict[str, str] | None = None,
+    ) -> JsonObject:
         try:
-            response = self.client.post(self.url + path, **kwargs)
+            response = self.client.post(self.url + path, json=json, params=params)
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"{what}: POST {self.url}{path} failed ({exc}).{self._health()}") from exc
         try:
@@ -277,7 +286,7 @@ class _VLLMServer:
                 self.weights = "previous"  # the plugin checked the update and loaded nothing
             raise WeightSyncError(f"{exc}{self._health()}") from None
         try:
-            body: dict[str, Any] = response.json()
+            body: JsonObject = response.json()
         except ValueError:
             body = {}
         return body
@@ -360,64 +369,62 @@ class _VLLMServer:
             )
 
 
-class VLLMReloadWeightSync:
-    """Save a checkpoint and make vLLM reload it from disk (needs ``VLLM_SERVER_DEV_MODE=1``)."""
+class _VLLMWeightSync:
+    """What every vLLM push shares: the client, the dev-mode routes, announcing a version, closing,
+    and the framing of a push (``_swap``): freeze requests, load, stamp the version, drop the prefix
+    cache, always resume, then read the version back. Subclasses say how weights load."""
 
     def __init__(
-        self,
-        url: str,
-        staging_dir: Path,
-        *,
-        client: httpx.Client | None = None,
-        keep: int = 1,
-        reload_timeout_s: float = 1800.0,
-        log_path: Path | None = None,
+        self, url: str, client: httpx.Client | None, timeout_s: float, log_path: Path | None
     ) -> None:
         self.url = url.rstrip("/")
-        self._staged = _StagedWeights(staging_dir, keep)
         self._own_client = client is None
-        self.client = client or httpx.Client(timeout=reload_timeout_s)
+        self.client = client or httpx.Client(timeout=timeout_s)
         self.server = _VLLMServer(self.url, self.client, log_path)
+        self.control = VLLMControlPlane(self.url, self.client)
 
-    def push(self, weights: Weights, version: int) -> int:
-        # Write before pausing: saving is the slow part and generation continues meanwhile.
-        path = self._staged.stage(weights, version)
-        if not path.is_dir():  # checked again: a missing folder kills vLLM's worker
-            raise WeightSyncError(f"staged weights {path} vanished before the reload; nothing was sent.")
+    def _swap(self, weights: Weights, version: int) -> int:
         with self.server.paused():
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            self._begin()
             self.server.moving()
-            self.server.post(
-                "/collective_rpc",
-                "reload_weights",
-                f"the vLLM server must be able to read {path} (same machine or a shared filesystem)",
-                json=rpc,
-            )
+            self._load(weights, version)
             self.server.weights = "new"
-            self.server.post(
-                "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
-            )
+            self._stamp(version)
             self.server.reset_prefix_cache()
         self.server.check_version(version)
-        self._staged.prune()
         return version
+
+    def _begin(self) -> None:
+        """A step before any weights move (a failure here leaves the previous weights served)."""
+
+    def _load(self, weights: Weights, version: int) -> None:
+        raise NotImplementedError
+
+    def _stamp(self, version: int) -> None:
+        """Label the loaded weights, for a transport whose loading step does not."""
 
     def announce(self, version: int) -> None:
         self.server.post(
             "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
         )
 
+    def _shutdown(self) -> None:
+        """Release the transfer engine, for a transport that set one up."""
+
     def close(self) -> None:
-        if self._own_client:
-            self.client.close()
+        try:
+            self._shutdown()
+        except (httpx.HTTPError, WeightSyncError):
+            pass  # the server may already be gone at shutdown
+        finally:
+            if self._own_client:
+                self.client.close()
 
 
-TRANSFER_BACKEND = "fineenvs_file"
-
-
-class VLLMFileTransferWeightSync:
-    """vLLM's weight-transfer routes with fineenvs' file backend (``fineenvs_vllm_plugin``): the
-    four phases NCCL uses, the tensors in a safetensors file in ``staging_dir``."""
+class _StagedVLLMWeightSync(_VLLMWeightSync):
+    """A vLLM push that reads the weights from a file or folder staged under ``staging_dir`` (the
+    last ``keep`` versions stay). Staging happens before the pause: saving is the slow part, and
+    generation continues meanwhile."""
 
     def __init__(
         self,
@@ -429,14 +436,49 @@ class VLLMFileTransferWeightSync:
         timeout_s: float = 1800.0,
         log_path: Path | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, client, timeout_s, log_path)
         self.staging_dir = staging_dir
         self._staged = _StagedWeights(staging_dir, keep)
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=timeout_s)
-        self.server = _VLLMServer(self.url, self.client, log_path)
-        self.control = VLLMControlPlane(self.url, self.client)
-        self._initialised = False
+
+    def _stage(self, weights: Weights, version: int) -> Path:
+        raise NotImplementedError
+
+    def push(self, weights: Weights, version: int) -> int:
+        path = self._stage(weights, version)
+        self._swap(path, version)
+        self._staged.prune()
+        return version
+
+
+class VLLMReloadWeightSync(_StagedVLLMWeightSync):
+    """Save a checkpoint and make vLLM reload it from disk (needs ``VLLM_SERVER_DEV_MODE=1``)."""
+
+    def _stage(self, weights: Weights, version: int) -> Path:
+        path = self._staged.stage(weights, version)
+        if not path.is_dir():  # checked again: a missing folder kills vLLM's worker
+            raise WeightSyncError(f"staged weights {path} vanished before the reload; nothing was sent.")
+        return path
+
+    def _load(self, weights: Weights, version: int) -> None:
+        self.server.post(
+            "/collective_rpc",
+            "reload_weights",
+            f"the vLLM server must be able to read {weights} (same machine or a shared filesystem)",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+        )
+
+    def _stamp(self, version: int) -> None:
+        self.announce(version)
+
+
+TRANSFER_BACKEND = "fineenvs_file"
+
+
+class VLLMFileTransferWeightSync(_StagedVLLMWeightSync):
+    """vLLM's weight-transfer routes with fineenvs' file backend (``fineenvs_vllm_plugin``): the
+    four phases NCCL uses, the tensors in a safetensors file in ``staging_dir``."""
+
+    _initialised = False
 
     def _init(self) -> None:
         self.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -452,39 +494,26 @@ class VLLMFileTransferWeightSync:
         )
         self._initialised = True
 
-    def push(self, weights: Weights, version: int) -> int:
+    def _stage(self, weights: Weights, version: int) -> Path:
         path = self._staged.stage_file(weights, version)  # written and checked before the pause
         if not self._initialised:
             self._init()
-        with self.server.paused():
-            self.server.post("/start_weight_update", "start_weight_update")
-            self.server.moving()
-            self.server.post(
-                "/update_weights", "update_weights", json={"update_info": {"path": str(path), "names": None}}
-            )
-            self.server.post(
-                "/finish_weight_update", "finish_weight_update", json={"weight_version": str(version)}
-            )
-            self.server.weights = "new"
-            self.server.reset_prefix_cache()
-        self.server.check_version(version)
-        self._staged.prune()
-        return version
+        return path
 
-    def announce(self, version: int) -> None:
+    def _begin(self) -> None:
+        self.server.post("/start_weight_update", "start_weight_update")
+
+    def _load(self, weights: Weights, version: int) -> None:
         self.server.post(
-            "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
+            "/update_weights", "update_weights", json={"update_info": {"path": str(weights), "names": None}}
+        )
+        self.server.post(
+            "/finish_weight_update", "finish_weight_update", json={"weight_version": str(version)}
         )
 
-    def close(self) -> None:
-        try:
-            if self._initialised:
-                self.control.shutdown_weight_transfer_engine()
-        except (httpx.HTTPError, WeightSyncError):
-            pass  # the server may already be gone at shutdown
-        finally:
-            if self._own_client:
-                self.client.close()
+    def _shutdown(self) -> None:
+        if self._initialised:
+            self.control.shutdown_weight_transfer_engine()
 
 
 def vllm_weight_sync(
@@ -512,16 +541,16 @@ class VLLMControlPlane:
         self.client = client
         self.pending_version: str | None = None
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+    def _post(self, path: str, body: JsonObject | None = None) -> None:
         _check(self.client.post(self.url + path, json=body), path.lstrip("/"))
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+    def init_weight_transfer_engine(self, init_info: JsonObject) -> None:
         self._post("/init_weight_transfer_engine", {"init_info": init_info})
 
     def start_weight_update(self) -> None:
         self._post("/start_weight_update")
 
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def update_weights(self, update_info: JsonObject | list[JsonObject]) -> None:
         self._post("/update_weights", {"update_info": update_info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
@@ -563,7 +592,7 @@ class VLLMNcclTransport:
     def __init__(self, packed: bool = True) -> None:
         self.packed = packed
         self._engine: Any = None
-        self._source: Any = None
+        self._source: _WeightSource | None = None
 
     def connect(
         self,
@@ -597,6 +626,7 @@ class VLLMNcclTransport:
             # NCCL broadcasts device memory; a gathered (FSDP) state dict may sit on the CPU.
             device = torch.device("cuda", torch.cuda.current_device())
             weights = {k: v if v.device == device else v.to(device) for k, v in weights.items()}
+        assert self._source is not None, "connect() comes first"
         self._source.current = weights
         self._engine.send_weights()
 
@@ -605,7 +635,13 @@ class VLLMNcclTransport:
             self._engine.shutdown()
 
 
-def _state_dict_source(weights: Mapping[str, torch.Tensor]) -> Any:
+class _WeightSource(Protocol):
+    """vLLM's ``WeightSource`` over the state dict pushed last."""
+
+    current: Mapping[str, torch.Tensor]
+
+
+def _state_dict_source(weights: Mapping[str, torch.Tensor]) -> _WeightSource:
     from functools import cached_property
 
     from fineenvs.engine.vllm_client import import_client
@@ -618,7 +654,7 @@ def _state_dict_source(weights: Mapping[str, torch.Tensor]) -> Any:
             self.current = current
 
         @cached_property
-        def metadata(self) -> list[Any]:
+        def metadata(self) -> list[object]:
             return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.current.items()]
 
         def iter_full(self) -> Iterable[tuple[str, torch.Tensor]]:
@@ -636,7 +672,7 @@ class NcclEndpoint:
     """0 picks a free port."""
 
 
-class VLLMNcclWeightSync:
+class VLLMNcclWeightSync(_VLLMWeightSync):
     """Native vLLM weight transfer: HTTP control plane, NCCL broadcast of the tensors. The first
     push joins the NCCL group (``/get_world_size`` + the rendezvous); every push freezes requests
     (``/pause?mode=keep``), sends, stamps the version, and always resumes."""
@@ -650,12 +686,8 @@ class VLLMNcclWeightSync:
         transport: NcclTransport | None = None,
         timeout_s: float = 1800.0,
     ) -> None:
-        self.url = url.rstrip("/")
+        super().__init__(url, client, timeout_s, None)
         self.endpoint = endpoint or NcclEndpoint()
-        self._own_client = client is None
-        self.client = client or httpx.Client(timeout=timeout_s)
-        self.control = VLLMControlPlane(self.url, self.client)
-        self.server = _VLLMServer(self.url, self.client, None)
         self.transport = transport or VLLMNcclTransport()
         self._connected = False
 
@@ -679,30 +711,17 @@ class VLLMNcclWeightSync:
             )
         if not self._connected:
             self._connect(weights)
-        with self.server.paused():
-            self.control.pending_version = str(version)
-            self.server.moving()
-            try:
-                self.transport.send(weights)
-            finally:
-                self.control.pending_version = None
-            self.server.weights = "new"
-            self.server.reset_prefix_cache()
-        self.server.check_version(version)
-        return version
+        return self._swap(weights, version)
 
-    def announce(self, version: int) -> None:
-        self.server.post(
-            "/update_weight_version", "update_weight_version", json={"new_version": str(version)}
-        )
-
-    def close(self) -> None:
+    def _load(self, weights: Weights, version: int) -> None:
+        assert not isinstance(weights, Path)  # push refuses directories
+        self.control.pending_version = str(version)
         try:
-            if self._connected:
-                self.transport.shutdown()
-                self.control.shutdown_weight_transfer_engine()
-        except (httpx.HTTPError, WeightSyncError):
-            pass  # the server may already be gone at shutdown
+            self.transport.send(weights)
         finally:
-            if self._own_client:
-                self.client.close()
+            self.control.pending_version = None
+
+    def _shutdown(self) -> None:
+        if self._connected:
+            self.transport.shutdown()
+            self.control.shutdown_weight_transfer_engine()

@@ -18,9 +18,16 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from fineenvs.jsonl import JsonObject
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STATE_FILE = "trainer_state.json"
 REQUIRED = ("config.json", "optimizer.pt", "scheduler.pt", STATE_FILE)
@@ -30,24 +37,20 @@ class CheckpointedTrainer(Protocol):
     """What a checkpoint reads and restores (``CapturedGRPOTrainer`` has it; this module needs no
     import of the trainer, which calls into it)."""
 
-    @property
-    def model_dir(self) -> Path: ...
-    @property
-    def accelerator(self) -> Any: ...
-    @property
-    def unwrapped_model(self) -> Any: ...
-    @property
-    def tokenizer(self) -> Any: ...
-    @property
-    def optimizer(self) -> Any: ...
-    @property
-    def lr_scheduler(self) -> Any: ...
+    model_dir: Path
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: LRScheduler
 
-    def state_dict(self, dtype: Any = None) -> dict[str, torch.Tensor]: ...
+    @property
+    def unwrapped_model(self) -> PreTrainedModel: ...
 
-    def trainer_state(self) -> dict[str, Any]: ...
+    def state_dict(self, dtype: torch.dtype | str | None = None) -> dict[str, torch.Tensor]: ...
 
-    def restore_trainer_state(self, state: dict[str, Any]) -> None: ...
+    def trainer_state(self) -> JsonObject: ...
+
+    def restore_trainer_state(self, state: JsonObject) -> None: ...
 
 
 def save_checkpoint(trainer: CheckpointedTrainer, directory: Path) -> Path:
@@ -111,7 +114,7 @@ def load_checkpoint(trainer: CheckpointedTrainer, directory: Path) -> None:
     trainer.restore_trainer_state(state)
 
 
-def _tied_keys(model: Any) -> set[str]:
+def _tied_keys(model: PreTrainedModel) -> set[str]:
     tied = getattr(model, "_tied_weights_keys", None) or {}
     keys = set(tied) if not isinstance(tied, dict) else set(tied)
     if getattr(model.config, "tie_word_embeddings", False):

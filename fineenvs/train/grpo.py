@@ -84,11 +84,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.train.batching import (
     MicroBatch,
     build_micro_batch,
@@ -100,7 +101,10 @@ from fineenvs.train.grpo_config import CLIPPED_LOSS_TYPES, TRL_VERSION, GRPOSett
 from fineenvs.train.prefix_tree import Node, PrefixTree, build_tree
 from fineenvs.train.shared import SharedForward, all_positions, trained_positions
 from fineenvs.train.train_rows import TrainRow
-from fineenvs.train.trl_compat import TrlLoss, add_fused_head, token_logps
+from fineenvs.train.trl_compat import LossOutput, TrlLoss, add_fused_head, token_logps
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -120,7 +124,7 @@ class _Tally:
     truncated: float = 0.0
     entropy_sum: float = 0.0
 
-    def add(self, trainer: CapturedGRPOTrainer, out: Any, mb: MicroBatch, real: int) -> None:
+    def add(self, trainer: CapturedGRPOTrainer, out: LossOutput, mb: MicroBatch, real: int) -> None:
         """``out`` is TRL's loss output on ``mb``, whose first ``real`` rows are real (the rest
         zero-weight padding for lockstep)."""
         self.loss += float(out.loss.detach())
@@ -152,6 +156,7 @@ class CapturedGRPOTrainer:
     """
 
     settings: GRPOSettings
+    tokenizer: PreTrainedTokenizerBase
 
     def __init__(
         self,
@@ -210,7 +215,7 @@ class CapturedGRPOTrainer:
         self.accelerator = self._trl.accelerator
         optimizer, scheduler = self._trl.create_optimizer_and_scheduler(settings.max_steps)
         self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        self.ref_model: Any = None
+        self.ref_model: PreTrainedModel | None = None
         if settings.beta > 0.0:
             # Frozen: it needs no float32 master copy, the compute dtype halves its memory.
             self.ref_model = self._load_reference(self.compute_dtype)
@@ -227,8 +232,9 @@ class CapturedGRPOTrainer:
         return self._version
 
     @property
-    def unwrapped_model(self) -> Any:
-        return self.accelerator.unwrap_model(self.model)
+    def unwrapped_model(self) -> PreTrainedModel:
+        # accelerate unwraps to the model it was given, a transformers model
+        return cast("PreTrainedModel", self.accelerator.unwrap_model(self.model))
 
     def state_dict(
         self, dtype: torch.dtype | str | None = None, checkpoint_format: bool = False
@@ -255,7 +261,7 @@ class CapturedGRPOTrainer:
             return sd
         return {k: v.to(target) if v.is_floating_point() and v.dtype != target else v for k, v in sd.items()}
 
-    def autocast(self) -> Any:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """Mixed precision for the forward passes (no-op in float32)."""
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
@@ -301,6 +307,25 @@ class CapturedGRPOTrainer:
         inspect the gradient of a batch.
         """
         s = self.settings
+        kept = self._trainable_rows(rows)
+        rule = resolve_normalisation(s.normalisation, s.loss_type)
+        weights = token_weights(kept, rule, s.max_completion_length)
+        weight_total = float(sum(sum(r.weights()) for r in kept))
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._shares_prefixes():
+            tally, passes, forwarded, unique = self._shared_pass(kept, weights, weight_total)
+        else:
+            tally, passes, forwarded = self._padded_pass(kept, weights, weight_total)
+            unique = build_tree([r.input_ids for r in kept]).unique_tokens
+        return self._step_metrics(
+            kept, tally, passes=passes, forwarded=forwarded, unique=unique, over_budget=len(rows) - len(kept)
+        )
+
+    def _trainable_rows(self, rows: Sequence[TrainRow]) -> list[TrainRow]:
+        """The rows within ``token_budget``, after refusing a batch this trainer cannot train."""
+        s = self.settings
         if not rows:
             raise ValueError(
                 "step() needs at least one row; skip the step when a batch has no trainable rows"
@@ -315,7 +340,6 @@ class CapturedGRPOTrainer:
                     f"{r.advantage}: the advantage is attempt-level, stamp every row of an attempt with it"
                 )
         kept = [r for r in rows if len(r.input_ids) <= s.token_budget]
-        over_budget = len(rows) - len(kept)
         if not kept:
             raise ValueError(
                 f"all {len(rows)} rows are longer than token_budget={s.token_budget}; raise token_budget "
@@ -323,25 +347,27 @@ class CapturedGRPOTrainer:
             )
         if s.loss_type == "vespo" and any(r.loss_weight is not None for r in kept):
             raise ValueError("loss_type='vespo' cannot apply per-token loss_weight; build rows without it")
-        vocab = int(self.unwrapped_model.get_input_embeddings().weight.shape[0])
+        embeddings = cast(torch.Tensor, self.unwrapped_model.get_input_embeddings().weight)
+        vocab = int(embeddings.shape[0])
         top = max(max(r.input_ids) for r in kept)
         if top >= vocab or min(min(r.input_ids) for r in kept) < 0:
             raise ValueError(
                 f"a row holds token id {top}, outside the model's vocabulary of {vocab} ({self.model_dir}): "
                 "rows must be captured from an engine serving this model's tokenizer"
             )
-        rule = resolve_normalisation(s.normalisation, s.loss_type)
-        weights = token_weights(kept, rule, s.max_completion_length)
-        weight_total = float(sum(sum(r.weights()) for r in kept))
+        return kept
 
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self._shares_prefixes():
-            tally, passes, forwarded, unique = self._shared_pass(kept, weights, weight_total)
-        else:
-            tally, passes, forwarded = self._padded_pass(kept, weights, weight_total)
-            unique = build_tree([r.input_ids for r in kept]).unique_tokens
-
+    def _step_metrics(
+        self,
+        kept: list[TrainRow],
+        tally: _Tally,
+        *,
+        passes: int,
+        forwarded: int,
+        unique: int,
+        over_budget: int,
+    ) -> dict[str, float]:
+        """The step's ``train/*`` metrics, summed over processes (a collective: every process calls it)."""
         totals = self._reduce(
             [
                 tally.loss,
@@ -460,7 +486,11 @@ class CapturedGRPOTrainer:
         key = "reference" if reference else "policy"
         runner = self._runners.get(key)
         if runner is None:
-            model = self.ref_model if reference else self.unwrapped_model
+            model = self.unwrapped_model
+            if reference:
+                if self.ref_model is None:
+                    raise RuntimeError("the reference model is loaded only with trainer.beta > 0")
+                model = self.ref_model
             s = self.settings
             cast = self._trl.cast_lm_head_to_fp32
 
@@ -551,7 +581,7 @@ class CapturedGRPOTrainer:
         *,
         precomputed: tuple[torch.Tensor, torch.Tensor | None] | None = None,
         ref: torch.Tensor | None = None,
-    ) -> Any:
+    ) -> LossOutput:
         s = self.settings
         out = self._trl(
             self.model,
@@ -605,13 +635,14 @@ class CapturedGRPOTrainer:
         gathered = self.accelerator.gather(t)
         return float(gathered.min() if how == "min" else gathered.max())
 
-    def _load_reference(self, dtype: torch.dtype) -> Any:
+    def _load_reference(self, dtype: torch.dtype) -> PreTrainedModel:
         from transformers import AutoModelForCausalLM
 
         ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
         add_fused_head(ref, self.settings.temperature)
         ref.requires_grad_(False)
-        return ref.to(self.accelerator.device).eval()
+        model: PreTrainedModel = ref.to(self.accelerator.device).eval()
+        return model
 
     # -- weights and checkpoints -----------------------------------------------------------
 
@@ -643,7 +674,7 @@ class CapturedGRPOTrainer:
 
         load_checkpoint(self, Path(directory))
 
-    def trainer_state(self) -> dict[str, Any]:
+    def trainer_state(self) -> JsonObject:
         return {
             "global_step": self.global_step,
             "policy_version": self._version,
@@ -652,6 +683,6 @@ class CapturedGRPOTrainer:
             "trl_version": TRL_VERSION,
         }
 
-    def restore_trainer_state(self, state: dict[str, Any]) -> None:
+    def restore_trainer_state(self, state: JsonObject) -> None:
         self.global_step = int(state["global_step"])
         self._version = int(state["policy_version"])

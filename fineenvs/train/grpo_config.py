@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fineenvs.train.trainer_settings import TrainerSettings, not_one_of
+
 TRL_VERSION = "1.16.0"
 MULTIPLIED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo")
 """TRL 1.16 GRPO loss types whose per-token loss multiplies the importance weight."""
@@ -24,10 +26,7 @@ TRAINER_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
-class GRPOSettings:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
+class GRPOSettings(TrainerSettings):
     max_steps: int = 1000
     per_device_batch_size: int = 4
     """Rows per forward pass on the padded path (``prefix_sharing=shared`` forwards a tree instead)."""
@@ -104,17 +103,20 @@ class GRPOSettings:
         """Every bad field, each with the fix, as ``trainer.<field>`` (the YAML key). ``training``
         False (a job that only evaluates with this trainer group, maybe greedily) skips the
         temperature, which only the trainer's logprobs need."""
+        return [*self._loss_problems(), *self._compute_problems(training), *self._schedule_problems()]
+
+    def _loss_problems(self) -> list[str]:
+        """The loss: its type, normalisation, importance sampling and reward scaling."""
         p: list[str] = []
         if self.loss_type not in LOSS_TYPES:
             p.append(
                 f"trainer.loss_type={self.loss_type!r} is not a TRL {TRL_VERSION} GRPO loss type "
                 f"({', '.join(LOSS_TYPES)}). Fix: trainer.loss_type=dapo"
             )
-        if self.normalisation not in NORMALISATIONS:
-            p.append(
-                f"trainer.normalisation={self.normalisation!r} is not one of {', '.join(NORMALISATIONS)}. "
-                "Fix: trainer.normalisation=per_token"
-            )
+        if bad := not_one_of(
+            "normalisation", self.normalisation, NORMALISATIONS, "trainer.normalisation=per_token"
+        ):
+            p += bad
         elif self.loss_type == "vespo" and self.normalisation not in ("per_token", "loss_type"):
             p.append(
                 "trainer.loss_type=vespo reads TRL's importance-sampling tensor as a ratio, so only "
@@ -136,8 +138,13 @@ class GRPOSettings:
             )
         if self.scale_rewards not in SCALE_REWARDS:
             p.append(f"trainer.scale_rewards must be group, batch or none (got {self.scale_rewards}).")
-        if self.dtype not in TRAINER_DTYPES:
-            p.append(f"trainer.dtype={self.dtype!r} is not one of {', '.join(TRAINER_DTYPES)}")
+        return p
+
+    def _compute_problems(self, training: bool) -> list[str]:
+        """How the forward passes compute: precision, prefix sharing, temperature, step size, KL."""
+        p: list[str] = []
+        if bad := not_one_of("dtype", self.dtype, TRAINER_DTYPES):
+            p += bad
         elif self.dtype == "float16":
             p.append(
                 "trainer.dtype=float16 needs loss scaling, which this trainer does not do (fp16 gradients "
@@ -159,6 +166,11 @@ class GRPOSettings:
             )
         if self.beta < 0:
             p.append(f"trainer.beta={self.beta} must be >= 0")
+        return p
+
+    def _schedule_problems(self) -> list[str]:
+        """Counts and intervals: steps, batches, dynamic sampling, checkpoints and evaluations."""
+        p: list[str] = []
         for name in (
             "max_steps",
             "per_device_batch_size",
@@ -187,8 +199,3 @@ class GRPOSettings:
                 "Fix: trainer.eval_steps=100 trainer.save_steps=50"
             )
         return p
-
-    def check(self) -> None:
-        """Raise ``ValueError`` listing every bad field with the fix."""
-        if p := self.problems():
-            raise ValueError("trainer settings: " + "; ".join(p))

@@ -23,13 +23,18 @@ error and ``accelerate launch`` (torch elastic) ends the others.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from fineenvs.train.grpo import CapturedGRPOTrainer
+
+_T = TypeVar("_T")
 
 CALLS = ("step", "state_dict", "save_checkpoint", "sequence_logprobs")
 
 
 class Lockstep:
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: CapturedGRPOTrainer) -> None:
         self.trainer = trainer
         self.accelerator = trainer.accelerator
         self._stopped = False
@@ -64,7 +69,7 @@ class Lockstep:
             self._broken = True  # the others may be waiting inside this call's collectives
             raise
 
-    def agree(self, value: Any) -> Any:
+    def agree(self, value: _T) -> _T:
         """The main process's ``value`` on every process (every process calls it, in the same order)."""
         return self._broadcast(value) if self.processes > 1 else value
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fineenvs.train.trainer_settings import TrainerSettings, not_one_of
+
 SFT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass
-class SFTSettings:
-    learning_rate: float = 3e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
+class SFTSettings(TrainerSettings):
     num_train_epochs: float = 2.0
     max_steps: int = -1
     """-1: ``num_train_epochs`` decides."""
@@ -51,11 +50,7 @@ class SFTSettings:
 
     def problems(self) -> list[str]:
         """Every bad field, each with the fix, as ``trainer.<field>`` (the YAML key)."""
-        p: list[str] = []
-        if self.dtype not in SFT_DTYPES:
-            p.append(
-                f"trainer.dtype={self.dtype!r} is not one of {', '.join(SFT_DTYPES)}. Fix: trainer.dtype=bfloat16"
-            )
+        p = not_one_of("dtype", self.dtype, SFT_DTYPES, "trainer.dtype=bfloat16")
         if self.teacher_attempts_per_task < 1:
             p.append(
                 f"trainer.teacher_attempts_per_task must be >= 1 (got {self.teacher_attempts_per_task}). "
@@ -74,8 +69,3 @@ class SFTSettings:
                     f"from start on. Fix: e.g. +trainer.rollout_slices.{harness}=[0,24]"
                 )
         return p
-
-    def check(self) -> None:
-        """Raise ``ValueError`` listing every bad field with the fix."""
-        if p := self.problems():
-            raise ValueError("trainer settings: " + "; ".join(p))

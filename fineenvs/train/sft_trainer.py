@@ -31,10 +31,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fineenvs.jsonl import JsonObject
 from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.record import CallRecord, calls_to_nodes
+
+if TYPE_CHECKING:
+    from transformers import (
+        PreTrainedTokenizerBase,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
 
 RERENDER_REASON = (
     "teacher tokens are not the student's: the teacher's recorded messages and tools were rendered "
@@ -89,7 +101,7 @@ class DatasetStats:
     skipped: dict[str, int] = field(default_factory=dict)
     """Turns that did not become examples, by reason."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         total = {
             k: sum(getattr(self, k).values()) for k in ("sessions", "examples", "tokens", "supervised_tokens")
         }
@@ -105,7 +117,7 @@ class StudentRenderer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
@@ -124,13 +136,15 @@ class StudentRenderer:
             )
         self.eos_token_ids = frozenset(eos)
 
-    def _text(self, messages: list[dict[str, Any]], tools: Any, *, add_generation_prompt: bool) -> str:
-        kwargs: dict[str, Any] = dict(self.template_kwargs)
+    def _text(
+        self, messages: list[JsonObject], tools: list[JsonObject] | None, *, add_generation_prompt: bool
+    ) -> str:
+        kwargs: JsonObject = dict(self.template_kwargs)
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
         text = self.tokenizer.apply_chat_template(
             messages,
-            tools=tools or None,
+            tools=[*tools] if tools else None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **kwargs,
@@ -142,7 +156,7 @@ class StudentRenderer:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def render_turn(
-        self, context: list[dict[str, Any]], tools: Any, response: dict[str, Any]
+        self, context: list[JsonObject], tools: list[JsonObject] | None, response: JsonObject
     ) -> tuple[list[int], list[int]]:
         """``(prompt_ids, completion_ids)`` of one assistant turn; the completion ends at end-of-turn."""
         from fineenvs.engine.server import _prepare_messages
@@ -354,24 +368,11 @@ def train_sft(
     """
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl.trainer.sft_config import SFTConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.trainer.sft_trainer import SFTTrainer
 
-    if not examples:
-        raise SFTDataError(
-            "no SFT examples: the teacher collection kept no usable turn for the selected harnesses. Check "
-            "the teacher summary (kept rollouts per harness) and that run.harness names harnesses it ran."
-        )
+    _check_examples(examples)
     settings.check()
-    for e in examples:
-        if len(e.input_ids) != len(e.assistant_masks) or 1 not in e.assistant_masks:
-            raise SFTDataError(
-                f"example {e.session_id}/{e.call_id}: input_ids and assistant_masks differ in length or nothing is "
-                "supervised; rebuild the dataset with build_sft_examples"
-            )
-    on_gpu = torch.cuda.is_available()
-    dtype = settings.dtype if on_gpu else "float32"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -383,7 +384,41 @@ def train_sft(
         }
     )
     trainer_dir = output_dir / "trainer"
-    config = SFTConfig(
+    trainer = SFTTrainer(
+        model=model,
+        args=_sft_config(settings, trainer_dir, on_gpu=torch.cuda.is_available()),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[_log_forwarder(on_log)],
+    )
+    resume = _latest_trainer_checkpoint(trainer_dir)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    step = int(trainer.state.global_step)
+    final = _save_final(trainer, tokenizer, output_dir / "checkpoints" / f"step-{step}")
+    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}
+    return SFTResult(final, step, float(result.training_loss), len(examples), metrics)
+
+
+def _check_examples(examples: Sequence[SFTExample]) -> None:
+    if not examples:
+        raise SFTDataError(
+            "no SFT examples: the teacher collection kept no usable turn for the selected harnesses. Check "
+            "the teacher summary (kept rollouts per harness) and that run.harness names harnesses it ran."
+        )
+    for e in examples:
+        if len(e.input_ids) != len(e.assistant_masks) or 1 not in e.assistant_masks:
+            raise SFTDataError(
+                f"example {e.session_id}/{e.call_id}: input_ids and assistant_masks differ in length or nothing is "
+                "supervised; rebuild the dataset with build_sft_examples"
+            )
+
+
+def _sft_config(settings: SFTSettings, trainer_dir: Path, *, on_gpu: bool) -> SFTConfig:
+    """TRL's configuration for ``settings``; on CPU everything runs in float32."""
+    from trl.trainer.sft_config import SFTConfig
+
+    dtype = settings.dtype if on_gpu else "float32"
+    return SFTConfig(
         output_dir=str(trainer_dir),
         learning_rate=settings.learning_rate,
         lr_scheduler_type=settings.lr_scheduler_type,
@@ -407,25 +442,29 @@ def train_sft(
         disable_tqdm=True,
     )
 
-    logged: list[dict[str, float]] = []
+
+def _log_forwarder(on_log: Callable[[dict[str, float], int], None] | None) -> TrainerCallback:
+    """A callback handing each of TRL's numeric logs to ``on_log`` as ``train/<name>``."""
+    from transformers import TrainerCallback
 
     class _Forward(TrainerCallback):
         def on_log(
-            self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, object] | None = None,
+            **kw: object,
         ) -> None:
             plain = {f"train/{k}": float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
-            if plain:
-                logged.append(plain)
-                if on_log is not None:
-                    on_log(plain, int(state.global_step))
+            if plain and on_log is not None:
+                on_log(plain, int(state.global_step))
 
-    trainer = SFTTrainer(
-        model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[_Forward()]
-    )
-    resume = _latest_trainer_checkpoint(trainer_dir)
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    step = int(trainer.state.global_step)
-    final = output_dir / "checkpoints" / f"step-{step}"
+    return _Forward()
+
+
+def _save_final(trainer: SFTTrainer, tokenizer: PreTrainedTokenizerBase, final: Path) -> Path:
+    """Save the trained model to ``final`` through a ``.partial`` folder, ``COMPLETE`` written last."""
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     trainer.save_model(str(partial))
@@ -433,8 +472,7 @@ def train_sft(
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
     (final / "COMPLETE").write_text("ok\n")
-    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}
-    return SFTResult(final, step, float(result.training_loss), len(examples), metrics)
+    return final
 
 
 def _latest_trainer_checkpoint(trainer_dir: Path) -> Path | None:

@@ -38,7 +38,7 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 
 from fineenvs.train.prefix_tree import Node, PrefixTree
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 ATTENTION_TYPES = ("full_attention",)
 STATE_TYPES = ("conv", "linear_attention")
@@ -68,7 +71,7 @@ class _AttentionBranch(DynamicLayer):
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_initialized and self.keys is not None and self.values is not None:
             k = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
@@ -93,7 +96,7 @@ class _StateBranch(LinearAttentionLayer):
             self.conv_kernel_size[0] = int(conv.shape[-1])
             self.is_conv_states_initialized[0] = True
             self.has_previous_state[0] = True
-            self.device: Any = conv.device
+            self.device: Any = conv.device  # declared None by transformers' layer
             self.dtype: Any = conv.dtype
         if recurrent is not None:
             self.recurrent_states[0] = recurrent
@@ -106,7 +109,7 @@ class _StateBranch(LinearAttentionLayer):
         conv_states: torch.Tensor,
         state_idx: int = 0,
         conv_kernel_size: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> torch.Tensor:
         if state_idx != 0:
             raise NotImplementedError("one convolution state per layer is supported")
@@ -122,7 +125,7 @@ class _StateBranch(LinearAttentionLayer):
         return full
 
     def update_recurrent_state(
-        self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any
+        self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: object
     ) -> torch.Tensor:
         if state_idx != 0:
             raise NotImplementedError("one recurrent state per layer is supported")
@@ -156,7 +159,7 @@ class BranchCache(Cache):
         return out
 
 
-def layer_kinds(config: Any) -> list[str]:
+def layer_kinds(config: PretrainedConfig) -> list[str]:
     """``attention`` or ``state`` per decoder layer; raises for layer types the branch cache lacks."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     n = int(text.num_hidden_layers)
@@ -171,7 +174,7 @@ def layer_kinds(config: Any) -> list[str]:
     return ["attention" if t in ATTENTION_TYPES else "state" for t in types]
 
 
-def one_token_continuations(config: Any) -> bool:
+def one_token_continuations(config: PretrainedConfig) -> bool:
     """Whether a state may be continued over a single token exactly as over many: not for the
     gated delta net, whose one-token kernel rounds differently (``prefix_tree``)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -240,11 +243,11 @@ class SharedForward:
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel,
         *,
         score: Score,
         pad_token_id: int,
-        autocast: Callable[[], Any] = contextlib.nullcontext,
+        autocast: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.model = model
         self.backbone = model.base_model
@@ -387,7 +390,7 @@ class SharedForward:
         """Under gradient checkpointing, transformers drops the cache of a checkpointed layer
         (a replay would update it twice); these layers are replay-safe, so keep it."""
         key = "_can_checkpoint_with_cache"
-        changed: list[tuple[Any, Any]] = []
+        changed: list[tuple[torch.nn.Module, object]] = []
         if train:
             for m in self.model.modules():
                 if getattr(m, "gradient_checkpointing", False) and hasattr(m, key):

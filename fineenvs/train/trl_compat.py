@@ -65,7 +65,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -75,6 +75,11 @@ from fineenvs.train.grpo_config import (
     LOSS_TYPES,
     TRL_VERSION,
 )
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 # Source fragments of GRPOTrainer._compute_loss this module relies on; a refactor that drops one
 # changes the semantics we depend on even if every attribute still exists.
@@ -183,7 +188,7 @@ def importance_gate(log_ratio: torch.Tensor, mode: str, clip: float) -> torch.Te
     raise ValueError(f"importance_sampling={mode!r} is not one of {IMPORTANCE_SAMPLING}")
 
 
-def add_fused_head(model: Any, temperature: float) -> None:
+def add_fused_head(model: PreTrainedModel, temperature: float) -> None:
     """TRL's fused log-prob head on a model TRL did not build (the KL reference), so that
     ``TrlLoss.logps`` scores it exactly like the policy."""
     from trl.trainer.utils import add_fused_lm_head
@@ -191,7 +196,7 @@ def add_fused_head(model: Any, temperature: float) -> None:
     add_fused_lm_head(model, temperature=temperature)
 
 
-def head_scales(config: Any) -> tuple[float | None, float]:
+def head_scales(config: PretrainedConfig) -> tuple[float | None, float]:
     """(final logit softcapping, logit scale) as TRL 1.16's ``add_fused_lm_head`` reads them."""
     text = config.get_text_config()
     softcap = getattr(text, "final_logit_softcapping", None)
@@ -206,7 +211,12 @@ def head_scales(config: Any) -> tuple[float | None, float]:
 
 
 def token_logps(
-    model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, *, cast_to_fp32: bool = False
+    model: PreTrainedModel,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    cast_to_fp32: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs and entropies of ``targets`` (N,) given the final hidden states before them (N, H).
 
@@ -218,7 +228,7 @@ def token_logps(
 
     softcap, scale = head_scales(model.config)
     head = model.get_output_embeddings()
-    ctx: Any = contextlib.nullcontext()
+    ctx: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if cast_to_fp32:
         hidden = hidden.float()
         ctx = torch.autocast(hidden.device.type, enabled=False)
@@ -246,7 +256,7 @@ class LossOutput:
     gate: torch.Tensor  # (B, C) importance-sampling factor applied
 
 
-def _never_called(*_: Any, **__: Any) -> Any:
+def _never_called(*_: object, **__: object) -> NoReturn:
     raise RuntimeError(
         "CapturedGRPOTrainer never generates or scores completions: rows come from the capture proxy. "
         "Something called TRL's generation path; use CapturedGRPOTrainer.step(rows)."
@@ -260,13 +270,17 @@ class _NoWeightSync:
         return None
 
 
+_LogpsAndEntropies = tuple[torch.Tensor, torch.Tensor | None, object]
+"""What TRL's ``_get_per_token_logps_and_entropies`` returns: logprobs, entropies, and an extra."""
+
+
 class TrlLoss:
     """A ``GRPOTrainer`` used only for its loss, optimizer and scheduler."""
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         output_dir: Path,
         loss_type: str,
@@ -331,7 +345,7 @@ class TrlLoss:
             processing_class=tokenizer,
             rollout_func=_never_called,
         )
-        t: Any = self.trainer
+        t: Any = self.trainer  # TRL's private attributes, set for the shim below
         # The use_vllm shim: lets _compute_loss apply our importance_sampling_ratio tensor.
         t.use_vllm = True
         t.vllm_mode = "server"
@@ -340,17 +354,19 @@ class TrlLoss:
         t._last_loaded_step = -1
         # We accumulate ourselves; TRL's per-window division must be a no-op.
         t.current_gradient_accumulation_steps = 1
-        self._original_logps_fn: Callable[..., Any] = t._get_per_token_logps_and_entropies
+        self._original_logps_fn: Callable[..., _LogpsAndEntropies] = t._get_per_token_logps_and_entropies
 
     @property
-    def accelerator(self) -> Any:
+    def accelerator(self) -> Accelerator:
         return self.trainer.accelerator
 
-    def create_optimizer_and_scheduler(self, num_training_steps: int) -> tuple[Any, Any]:
+    def create_optimizer_and_scheduler(
+        self, num_training_steps: int
+    ) -> tuple[torch.optim.Optimizer, LRScheduler]:
         self.trainer.create_optimizer_and_scheduler(num_training_steps=num_training_steps)
         return self.trainer.optimizer, self.trainer.lr_scheduler
 
-    def logps(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+    def logps(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         """Trainer logprobs of the completion tokens (temperature-scaled), with gradient."""
         input_ids = torch.cat([mb.prompt_ids, mb.completion_ids], dim=1)
         attention = torch.cat([torch.ones_like(mb.prompt_ids), mb.attention], dim=1)
@@ -364,7 +380,7 @@ class TrlLoss:
 
     def __call__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         mb: MicroBatch,
         *,
         importance_sampling: str,
@@ -375,7 +391,7 @@ class TrlLoss:
         """TRL's loss on ``mb``. ``precomputed`` = (logprobs, entropies) of the completion tokens,
         (B, C) with their graph, computed elsewhere (the prefix-shared forward): TRL then runs
         no forward of its own and its loss is taken on these."""
-        t: Any = self.trainer
+        t = self.trainer
         num_processes = t.accelerator.num_processes
         spg = t.args.steps_per_generation
         if self.loss_type == "vespo":
@@ -384,7 +400,7 @@ class TrlLoss:
             num_items = num_tokens_total * num_processes * spg
         else:
             num_items = float(num_processes * spg)
-        inputs: dict[str, Any] = {
+        inputs: dict[str, torch.Tensor] = {
             "prompt_ids": mb.prompt_ids,
             "prompt_mask": torch.ones_like(mb.prompt_ids),
             "completion_ids": mb.completion_ids,
@@ -397,7 +413,7 @@ class TrlLoss:
         captured: dict[str, torch.Tensor | None] = {}
         mask = mb.loss_mask
 
-        def logps_and_fill_ratio(*args: Any, **kwargs: Any) -> Any:
+        def logps_and_fill_ratio(*args: object, **kwargs: object) -> _LogpsAndEntropies:
             if precomputed is None:
                 logps, entropies, aux = self._original_logps_fn(*args, **kwargs)
             else:

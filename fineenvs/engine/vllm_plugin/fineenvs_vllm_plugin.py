@@ -25,7 +25,10 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 BACKEND = "fineenvs_file"
 
@@ -48,7 +51,7 @@ def register() -> None:
     _patch_cpu_reload()
 
 
-def refresh_lm_heads(model: Any) -> int:
+def refresh_lm_heads(model: torch.nn.Module) -> int:
     """Re-pack every LM head's CPU GEMM weights from its current weight; returns how many.
 
     On the CPU build an LM head computes logits with a packed copy of its weight
@@ -84,7 +87,7 @@ def _patch_cpu_reload() -> None:
     if getattr(original, "fineenvs_refreshes_lm_heads", False):
         return
 
-    def finalize_and_refresh(model: Any, *args: Any, **kwargs: Any) -> None:
+    def finalize_and_refresh(model: torch.nn.Module, *args: object, **kwargs: object) -> None:
         original(model, *args, **kwargs)
         log.info("fineenvs: re-packed %d LM head(s) after the reload", refresh_lm_heads(model))
 
@@ -131,8 +134,19 @@ def _checked_names(path: str, names: list[str] | None) -> list[str]:
     return chosen
 
 
+def _mtp_check_disabled() -> contextlib.AbstractContextManager[None]:
+    """vLLM's switch-off of its multi-token-prediction completeness check (a partial update loads
+    some tensors only); a no-op on a vLLM without the check."""
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+    except ImportError:
+        return contextlib.nullcontext()
+    context: contextlib.AbstractContextManager[None] = disable_mtp_completeness_check()
+    return context
+
+
 @functools.cache
-def _engine_class() -> Any:
+def _engine_class() -> type:
     import torch
     from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
@@ -143,7 +157,7 @@ def _engine_class() -> Any:
         init_info_cls = FileInitInfo
         update_info_cls = FileUpdateInfo
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)
             self.directory: str | None = None
             self.reloading = False
@@ -167,39 +181,37 @@ def _engine_class() -> Any:
                 finalize_layerwise_reload(self.model, self.model_config)
                 self.reloading = False
 
-        def update_weights(self, update_info: dict[str, Any]) -> None:
+        def update_weights(self, update_info: dict[str, object]) -> None:
             self.receive_weights(self.parse_update_info(update_info))
             # The base class synchronizes the accelerator for asynchronous transports; a file is
             # read synchronously, and on a CPU there is no accelerator to synchronize.
             if self.device.type != "cpu":
                 torch.accelerator.synchronize()
 
-        def receive_weights(self, update_info: FileUpdateInfo) -> None:
-            from safetensors import safe_open
-            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
+        def _checked(self, update_info: FileUpdateInfo) -> tuple[str, list[str]]:
+            """The update's file and tensor names, or a refusal that ends the update session."""
             try:
                 if self.directory is None:
                     raise ValueError("call /init_weight_transfer_engine first")
                 path = _inside(self.directory, update_info.path)
-                names = _checked_names(path, update_info.names)
+                return path, _checked_names(path, update_info.names)
             except (ValueError, OSError) as exc:
                 # vLLM ends the update session on any error: leave no layer waiting for weights.
                 nothing_loaded = not self.reloading  # no earlier update of this session loaded
                 self.finish_weight_update()
                 raise ValueError(f"{REFUSED}: {exc}" if nothing_loaded else str(exc)) from exc
+
+        def receive_weights(self, update_info: FileUpdateInfo) -> None:
+            from safetensors import safe_open
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            path, names = self._checked(update_info)
             try:
                 with safe_open(path, framework="pt", device="cpu") as f:
                     if not self.reloading:
                         initialize_layerwise_reload(self.model)
                         self.reloading = True
-                    try:
-                        from vllm.model_executor.model_loader.mtp_validation import (
-                            disable_mtp_completeness_check,
-                        )
-                    except ImportError:
-                        disable_mtp_completeness_check = contextlib.nullcontext
-                    with disable_mtp_completeness_check():
+                    with _mtp_check_disabled():
                         self.model.load_weights((n, f.get_tensor(n).to(self.device)) for n in names)
             except BaseException:
                 # A load that failed midway: finish the layerwise reload so that no layer is left
@@ -215,7 +227,7 @@ def _engine_class() -> Any:
     return FileWeightTransferEngine
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     # The factory imports this module and asks for the class by name; building it lazily keeps
     # `register` (called in every vLLM process) free of torch and vLLM's model code.
     if name == "FileWeightTransferEngine":
