@@ -359,7 +359,38 @@ def preflight(run: RunConfig) -> list[str]:
             "(or scheduler.sandbox=plain)."
         )
     problems += _harness_problems(run)
+    problems += _teacher_collection_problems(run)
     return problems
+
+
+TEACHER_MANIFEST = "teacher_manifest.json"
+"""What a teacher collection (``job=collect_teacher``) writes in its output folder: its kept sessions."""
+
+
+def teacher_manifest_problem(path: Path) -> str | None:
+    if path.is_file():
+        return None
+    return (
+        f"{path} does not exist: trainer.teacher_dir must be the output directory of a finished "
+        "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
+    )
+
+
+def _teacher_collection_problems(run: RunConfig) -> list[str]:
+    """``job=sft`` trains on a collection that must exist and hold what ``trainer.rollout_slices``
+    asks of it (the job checks the same when it reads the sessions)."""
+    t = run.trainer
+    if run.job is not Job.sft or not isinstance(t, SFTSettings) or not t.teacher_dir:
+        return []
+    path = Path(t.teacher_dir) / TEACHER_MANIFEST
+    problem = teacher_manifest_problem(path)
+    if problem:
+        return [problem]
+    import json
+    from collections import Counter
+
+    kept = Counter(str(s.get("harness")) for s in json.loads(path.read_text()).get("sessions", []))
+    return t.collection_problems(dict(kept))
 
 
 def _gpu_problems(run: RunConfig) -> list[str]:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import resolve_model_dir
 from fineenvs.jobs.errors import RunAborted
-from fineenvs.jobs.teacher import TEACHER_MANIFEST
 from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import write_summary
+from fineenvs.plan import TEACHER_MANIFEST, teacher_manifest_problem
 from fineenvs.train.sft_config import SFTSettings
 
 if TYPE_CHECKING:
@@ -31,11 +31,9 @@ if TYPE_CHECKING:
 def load_teacher_sessions(teacher_dir: Path) -> tuple[list[TeacherSession], JsonObject]:
     """The kept sessions of a collection (``TeacherSession`` with their recorded calls), and its manifest."""
     path = teacher_dir / TEACHER_MANIFEST
-    if not path.is_file():
-        raise RunAborted(
-            f"{path} does not exist: trainer.teacher_dir must be the output directory of a finished "
-            "job=collect_teacher run (python -m fineenvs.run +experiment=collect_teacher)."
-        )
+    problem = teacher_manifest_problem(path)
+    if problem:
+        raise RunAborted(problem)
     from fineenvs.proxy.store import CallStore
     from fineenvs.train.sft_trainer import TeacherSession
 
@@ -68,18 +66,14 @@ def select_rollouts(sessions: list[TeacherSession], t: SFTSettings) -> list[Teac
         by_harness.setdefault(s.harness, []).append(s)
     for harness in t.rollout_slices:
         by_harness.setdefault(harness, [])
+    problems = t.collection_problems({h: len(r) for h, r in by_harness.items()})
+    if problems:
+        raise RunAborted("\n".join(problems))
     kept: list[TeacherSession] = []
     for harness, rollouts in by_harness.items():
-        bounds = t.rollout_slices.get(harness)
-        if bounds is not None:
-            start, stop = bounds[0], bounds[1] if len(bounds) > 1 else max(len(rollouts), bounds[0] + 1)
-            if stop > len(rollouts):
-                raise RunAborted(
-                    f"trainer.rollout_slices.{harness}={list(bounds)} asks for {harness} rollouts up to "
-                    f"#{stop}, but the collection in {t.teacher_dir} kept {len(rollouts)}. Fix: collect more "
-                    f"(job=collect_teacher with tasks.limit={stop} in {harness}), or lower the slice"
-                )
-            rollouts = rollouts[start:stop]
+        stop = t.slice_stop(harness, len(rollouts))
+        if stop is not None:
+            rollouts = rollouts[t.rollout_slices[harness][0] : stop]
         if t.max_rollouts_per_harness is not None:
             rollouts = rollouts[: t.max_rollouts_per_harness]
         kept.extend(rollouts)

@@ -29,11 +29,11 @@ from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
 from fineenvs.jsonl import JsonObject, append_jsonl, read_jsonl
 from fineenvs.metrics import write_summary
+from fineenvs.plan import TEACHER_MANIFEST
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
 from fineenvs.train.sft_config import SFTSettings
 
-TEACHER_MANIFEST = "teacher_manifest.json"
 PAIRS_LOG = "teacher_pairs.jsonl"
 
 

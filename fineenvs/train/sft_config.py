@@ -69,3 +69,25 @@ class SFTSettings(TrainerSettings):
                     f"from start on. Fix: e.g. +trainer.rollout_slices.{harness}=[0,24]"
                 )
         return p
+
+    def slice_stop(self, harness: str, kept: int) -> int | None:
+        """Where ``rollout_slices``' slice of ``harness`` ends among its ``kept`` rollouts (None: not sliced)."""
+        bounds = self.rollout_slices.get(harness)
+        if bounds is None:
+            return None
+        return bounds[1] if len(bounds) > 1 else max(kept, bounds[0] + 1)
+
+    def collection_problems(self, kept: dict[str, int]) -> list[str]:
+        """What ``rollout_slices`` asks of a teacher collection that kept ``kept`` rollouts per harness
+        and it lacks (the dry run's preflight and the SFT job check the same)."""
+        p: list[str] = []
+        for harness, bounds in self.rollout_slices.items():
+            n = kept.get(harness, 0)
+            stop = self.slice_stop(harness, n)
+            if stop is not None and stop > n:
+                p.append(
+                    f"trainer.rollout_slices.{harness}={list(bounds)} asks for {harness} rollouts up to "
+                    f"#{stop}, but the collection in {self.teacher_dir} kept {n}. Fix: collect more "
+                    f"(job=collect_teacher with tasks.limit={stop} in {harness}), or lower the slice"
+                )
+        return p

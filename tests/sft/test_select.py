@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,34 @@ def test_a_slice_past_the_collection_is_refused_with_the_fix() -> None:
         select_rollouts(sessions, SFTSettings(rollout_slices={"mini_swe_agent": [0, 1]}))
     with pytest.raises(RunAborted, match="up to #11, but .* kept 10"):
         select_rollouts(sessions, SFTSettings(rollout_slices={"pi": [10]}))
+
+
+def test_the_dry_run_reports_what_the_collection_lacks(tmp_path: Path) -> None:
+    """``dry_run=true`` (the preflight) checks the teacher collection the SFT job will read: its
+    manifest, and what ``trainer.rollout_slices`` asks of it; the job checks the same."""
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from fineenvs.config import to_run_config
+    from fineenvs.paths import CONF_DIR
+    from fineenvs.plan import TEACHER_MANIFEST, preflight
+
+    def plan_problems(*overrides: str) -> list[str]:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(
+                "config", overrides=["+experiment=sft_opencode", f"output_dir={tmp_path / 'out'}", *overrides]
+            )
+        return [p for p in preflight(to_run_config(cfg)) if "teacher" in p or "rollout" in p]
+
+    collection = tmp_path / "teacher"
+    assert any(
+        "teacher_manifest.json does not exist" in p
+        for p in plan_problems(f"trainer.teacher_dir={collection}")
+    )
+    collection.mkdir()
+    sessions = [{"harness": "opencode", "task": f"t{i}", "session_id": f"s{i}"} for i in range(6)]
+    (collection / TEACHER_MANIFEST).write_text(json.dumps({"sessions": sessions}))
+    assert plan_problems(f"trainer.teacher_dir={collection}") == []
+    (problem,) = plan_problems(f"trainer.teacher_dir={collection}", "+trainer.rollout_slices.opencode=[0,12]")
+    assert "opencode rollouts up to #12, but the collection" in problem and "kept 6" in problem
