@@ -360,7 +360,27 @@ def preflight(run: RunConfig) -> list[str]:
         )
     problems += _harness_problems(run)
     problems += _teacher_collection_problems(run)
+    problems += _attached_engine_problems(run)
     return problems
+
+
+def _attached_engine_problems(run: RunConfig) -> list[str]:
+    """``engine.url``: the server answers and serves the model the run names (asked now, as the
+    job will when it attaches)."""
+    import httpx
+
+    from fineenvs.engine.handle import served_model_problem, served_models, unreachable_problem
+
+    url = run.engine.url
+    if not url:
+        return []
+    url = url.rstrip("/").removesuffix("/v1")
+    try:
+        names = served_models(url, timeout_s=5.0)
+    except httpx.HTTPError as err:
+        return [unreachable_problem(url, err)]
+    problem = served_model_problem(url, None, names)
+    return [problem] if problem else []
 
 
 TEACHER_MANIFEST = "teacher_manifest.json"

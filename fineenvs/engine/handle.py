@@ -97,31 +97,40 @@ def attach(
     client: httpx.Client | None = None,
 ) -> EngineHandle:
     """Use a running server; learns the served name from ``/v1/models`` and checks a given one."""
-    url = url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
+    url = url.rstrip("/").removesuffix("/v1")
     try:
         names = served_models(url, client)
     except httpx.HTTPError as exc:
-        raise ConnectionError(
-            f"engine.url={url}: GET /v1/models failed ({exc}). Start the server first, or drop engine.url "
-            "to let fineenvs launch one."
-        ) from exc
-    if served_model_name is None:
-        if len(names) != 1:
-            raise ValueError(
-                f"engine.url={url} serves {len(names)} models ({', '.join(names) or 'none'}); "
-                "name one with engine.served_model_name=..."
-            )
-        served_model_name = names[0]
-    elif served_model_name not in names:
-        raise ValueError(
+        raise ConnectionError(unreachable_problem(url, exc)) from exc
+    problem = served_model_problem(url, served_model_name, names)
+    if problem:
+        raise ValueError(problem)
+    return EngineHandle(
+        url=url, served_model_name=served_model_name or names[0], kind="attached", weight_sync=weight_sync
+    )
+
+
+def unreachable_problem(url: str, error: Exception) -> str:
+    return (
+        f"engine.url={url}: GET /v1/models failed ({error}). Start the server first, or drop engine.url "
+        "to let fineenvs launch one."
+    )
+
+
+def served_model_problem(url: str, served_model_name: str | None, names: list[str]) -> str | None:
+    """What is wrong with using ``served_model_name`` (None: the only one) of a server serving
+    ``names``; the dry run's preflight asks the same of ``engine.url`` before anything starts."""
+    if served_model_name is None and len(names) != 1:
+        return (
+            f"engine.url={url} serves {len(names)} models ({', '.join(names) or 'none'}); a run attaches to "
+            "a server of one model: serve only the run's model there (from Python: attach(url, served_model_name=...))"
+        )
+    if served_model_name is not None and served_model_name not in names:
+        return (
             f"engine.served_model_name={served_model_name!r} is not served by {url} "
             f"(it serves: {', '.join(names) or 'nothing'})."
         )
-    return EngineHandle(
-        url=url, served_model_name=served_model_name, kind="attached", weight_sync=weight_sync
-    )
+    return None
 
 
 Build = Callable[[int], tuple[list[str], dict[str, str] | None, EngineHandle]]
