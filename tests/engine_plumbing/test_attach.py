@@ -33,7 +33,10 @@ def test_attach_checks_a_given_name() -> None:
 
 
 def test_attach_needs_a_name_when_several_models_are_served() -> None:
-    with pytest.raises(ValueError, match=r"serves 2 models \(a, b\); a run attaches to a server of one model.*served_model_name=):
+    with pytest.raises(
+        ValueError,
+        match=r"serves 2 models \(a, b\); a run attaches to a server of one model.*served_model_name=",
+    ):
         attach("http://h", client=models_client("a", "b"))
 
 
