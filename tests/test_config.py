@@ -413,32 +413,22 @@ def test_a_chat_template_of_another_family_is_refused_at_compose_time() -> None:
 
 def test_the_dry_run_asks_an_attached_engine_what_it_serves() -> None:
     """``engine.url``: the preflight asks ``GET /v1/models`` as attaching will, so ``dry_run=true``
-    shows a server that is down or serves several models (a small HTTP server plays the engine)."""
-    import json
+    shows a server that is down or serves several models (the launcher tests' stand-in engine)."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
 
-    served = {"data": [{"id": "a"}, {"id": "b"}]}
+    from engine_plumbing.fake_server import Handler
 
-    class Models(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            body = json.dumps(served).encode()
-            self.send_response(200 if self.path == "/v1/models" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    class TwoModels(Handler):
+        models = ["a", "b"]
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), TwoModels)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         run = load("+experiment=eval", f"engine.url={url}/v1", "output_dir=/tmp/fineenvs-x")
         assert any(f"engine.url={url} serves 2 models (a, b)" in p for p in preflight(run))
-        served["data"] = [{"id": "a"}]
+        TwoModels.models = ["a"]
         assert not any("engine.url" in p for p in preflight(run))
     finally:
         server.shutdown()

@@ -18,11 +18,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Handler(BaseHTTPRequestHandler):
+    models = ["fake-model"]  # what /v1/models lists (a test may serve others from a subclass)
+
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health":
             body = b""
         elif self.path == "/v1/models":
-            body = json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}).encode()
+            data = [{"id": name, "object": "model"} for name in self.models]
+            body = json.dumps({"object": "list", "data": data}).encode()
         else:
             self.send_response(404)
             self.end_headers()
