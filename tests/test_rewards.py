@@ -7,12 +7,12 @@ import math
 import pytest
 
 from fineenvs.rewards import (
-    DEFAULT_SPEC,
+    DEFAULT_WEIGHTS,
     REWARD_TERMS,
     RewardConfigError,
     RewardInputs,
     RewardTerm,
-    build_reward_spec,
+    build_reward_weights,
     compute_reward,
     validate_reward_terms,
 )
@@ -23,7 +23,7 @@ from fineenvs.rewards import (
     [(0, 1.0), (1, 1.0 + 0.1 * 15 / 16), (15, 1.05), (100, 1.0 + 0.1 * 15 / 115)],
 )
 def test_correct_verified(tool_calls: int, expected: float) -> None:
-    result = compute_reward(1.0, tool_calls, True, DEFAULT_SPEC)
+    result = compute_reward(1.0, tool_calls, True, DEFAULT_WEIGHTS)
     assert result.reward == pytest.approx(expected, abs=1e-12)
     assert result.terms["correctness"] == 1.0
     assert result.terms["tool_efficiency"] == pytest.approx(expected - 1.0, abs=1e-12)
@@ -37,7 +37,7 @@ def test_published_anchor_values() -> None:
 
 @pytest.mark.parametrize("tool_calls", [0, 1, 15, 100, None])
 def test_unverified_count_earns_no_bonus(tool_calls: int | None) -> None:
-    result = compute_reward(1.0, tool_calls, False, DEFAULT_SPEC)
+    result = compute_reward(1.0, tool_calls, False, DEFAULT_WEIGHTS)
     assert result.reward == 1.0
     assert result.terms["tool_efficiency"] == 0.0
     if tool_calls:
@@ -51,7 +51,7 @@ def test_missing_count_even_if_marked_verified_earns_no_bonus() -> None:
 @pytest.mark.parametrize("tool_calls", [0, 1, 15, 100])
 @pytest.mark.parametrize("verified", [True, False])
 def test_wrong_answer_is_zero(tool_calls: int, verified: bool) -> None:
-    result = compute_reward(0.0, tool_calls, verified, DEFAULT_SPEC)
+    result = compute_reward(0.0, tool_calls, verified, DEFAULT_WEIGHTS)
     assert result.reward == 0.0
     assert result.terms == {"correctness": 0.0, "tool_efficiency": 0.0}
 
@@ -59,20 +59,20 @@ def test_wrong_answer_is_zero(tool_calls: int, verified: bool) -> None:
 @pytest.mark.parametrize("tool_calls", [0, 1, 15, 100, None])
 @pytest.mark.parametrize("verified", [True, False])
 def test_ungraded_propagates_none(tool_calls: int | None, verified: bool) -> None:
-    result = compute_reward(None, tool_calls, verified, DEFAULT_SPEC)
+    result = compute_reward(None, tool_calls, verified, DEFAULT_WEIGHTS)
     assert result.reward is None
     assert result.terms == {"correctness": None, "tool_efficiency": None}
     assert "ungraded" in result.reason
 
 
 def test_correctness_only_spec() -> None:
-    spec = build_reward_spec({"correctness": 1.0})
+    spec = build_reward_weights({"correctness": 1.0})
     assert compute_reward(1.0, 3, True, spec).reward == 1.0
     assert compute_reward(1.0, 3, True, spec).terms == {"correctness": 1.0}
 
 
 def test_custom_budget_and_weight() -> None:
-    spec = build_reward_spec({"correctness": 1.0, "tool_efficiency": 0.05}, tool_budget=5)
+    spec = build_reward_weights({"correctness": 1.0, "tool_efficiency": 0.05}, tool_budget=5)
     assert compute_reward(1.0, 5, True, spec).reward == pytest.approx(1.0 + 0.05 * 5 / 10)
 
 
@@ -135,8 +135,8 @@ def test_ungated_bonus_is_caught_by_probe_whatever_its_name() -> None:
     assert len(errors) == 1 and "unsolved attempt" in errors[0] and "0.178" in errors[0]
 
 
-def test_build_reward_spec_raises_listing_every_problem() -> None:
+def test_build_reward_weights_raises_listing_every_problem() -> None:
     with pytest.raises(RewardConfigError) as info:
-        build_reward_spec({"submission": 0.2, "tool_efficiency": 0.5})
+        build_reward_weights({"submission": 0.2, "tool_efficiency": 0.5})
     text = str(info.value)
     assert "submission" in text and "tool_efficiency=0.5" in text and "no 'correctness'" in text

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.dialects import anthropic_messages, gemini, openai_chat, openai_responses
 from fineenvs.dialects.base import JSON, CanonicalRequest, Dialect, DialectError
 from fineenvs.dialects.reply import stop_completion
@@ -29,10 +30,10 @@ __all__ = [
 ]
 
 DIALECTS: dict[str, Dialect] = {
-    "openai_chat": openai_chat.DIALECT,
-    "openai_responses": openai_responses.DIALECT,
-    "anthropic_messages": anthropic_messages.DIALECT,
-    "gemini": gemini.DIALECT,
+    ApiFormat.openai_chat.value: openai_chat.DIALECT,
+    ApiFormat.openai_responses.value: openai_responses.DIALECT,
+    ApiFormat.anthropic_messages.value: anthropic_messages.DIALECT,
+    ApiFormat.gemini.value: gemini.DIALECT,
 }
 
 _GEMINI_PATH = re.compile(r"/v1(?:beta\d*|alpha)?/models/[^/]+:(?:stream)?generatecontent$", re.IGNORECASE)
@@ -49,21 +50,21 @@ def detect(path: str, headers: Mapping[str, str], body: JSON | None) -> str:
     """
     bare = _bare(path)
     if bare.endswith("/v1/chat/completions") or bare.endswith("/chat/completions"):
-        return "openai_chat"
+        return ApiFormat.openai_chat.value
     if bare.endswith("/v1/responses") or bare.endswith("/responses"):
-        return "openai_responses"
+        return ApiFormat.openai_responses.value
     if bare.endswith("/v1/messages") or bare.endswith("/messages"):
-        return "anthropic_messages"
+        return ApiFormat.anthropic_messages.value
     if _GEMINI_PATH.search(bare) or "generatecontent" in bare.lower():
-        return "gemini"
+        return ApiFormat.gemini.value
     if any(k.lower() == "anthropic-version" for k in headers):
-        return "anthropic_messages"
+        return ApiFormat.anthropic_messages.value
     if isinstance(body, dict):
         if "contents" in body:
-            return "gemini"
+            return ApiFormat.gemini.value
         if "input" in body:
-            return "openai_responses"
-    return "openai_chat"
+            return ApiFormat.openai_responses.value
+    return ApiFormat.openai_chat.value
 
 
 _AUX = (

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.dialects._common import (
     INT64_MAX,
     Range,
@@ -322,7 +323,7 @@ def _messages(body: JSON, notes: list[str]) -> list[JSON]:
 
 
 class AnthropicMessages(DialectBase):
-    name = "anthropic_messages"
+    name = ApiFormat.anthropic_messages.value
     error_names = ERROR_TYPES
     server_error_name = "api_error"
 

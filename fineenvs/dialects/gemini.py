@@ -33,6 +33,7 @@ import json
 import re
 from collections.abc import Iterator
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.dialects._common import (
     INT64_MAX,
     RANGES,
@@ -336,7 +337,7 @@ def _generation(gen: JSON) -> JSON:
 
 
 class Gemini(DialectBase):
-    name = "gemini"
+    name = ApiFormat.gemini.value
     samples_field = None  # generationConfig.candidateCount
     error_names = STATUS
     server_error_name = "INTERNAL"

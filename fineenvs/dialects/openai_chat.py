@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.dialects._common import (
     RANGES,
     as_dict,
@@ -182,7 +183,7 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
 
 
 class OpenAIChat(DialectBase):
-    name = "openai_chat"
+    name = ApiFormat.openai_chat.value
     error_names = ERROR_TYPES
 
     def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:

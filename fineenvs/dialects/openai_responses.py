@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from functools import partial
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.dialects._common import (
     as_dict,
     as_str,
@@ -308,7 +309,7 @@ def _messages(body: JSON, notes: list[str], names: dict[tuple[str, str], str]) -
 
 
 class OpenAIResponses(DialectBase):
-    name = "openai_responses"
+    name = ApiFormat.openai_responses.value
 
     def convert(self, body: JSON, notes: list[str], path: str, query: dict[str, str]) -> CanonicalRequest:
         if body.get("previous_response_id"):

@@ -29,7 +29,7 @@ from fineenvs.engine.probe import (
     require_training_grade,
 )
 from fineenvs.engine.vllm import (
-    ModelFamily,
+    ServingProfile,
     VLLMServeArgs,
     build_serve_command,
     build_serve_env,
@@ -54,7 +54,7 @@ __all__ = [
     "EngineStartError",
     "EngineUnavailableError",
     "Grade",
-    "ModelFamily",
+    "ServingProfile",
     "ProbeReport",
     "VLLMControlPlane",
     "VLLMNcclWeightSync",

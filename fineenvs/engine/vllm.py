@@ -57,7 +57,10 @@ from fineenvs.proxy.settings import SamplingPolicy
 _SAMPLING = SamplingPolicy()
 
 
-class ModelFamily(StrEnum):
+class ServingProfile(StrEnum):
+    """How vLLM serves a published model family: its tool parser, patched chat template and extra
+    flags (``PROFILES``). Not the architecture, which is ``model.family`` (``config.ModelFamily``)."""
+
     lfm2_5 = "lfm2_5"
     qwen3_5 = "qwen3_5"
     qwen3_8 = "qwen3_8"
@@ -74,11 +77,11 @@ class ModelProfile:
 
 _QWEN_ARGS = ("--limit-mm-per-prompt", '{"image":0,"video":0}', "--gdn-prefill-backend", "triton")
 
-PROFILES: dict[ModelFamily, ModelProfile] = {
-    ModelFamily.lfm2_5: ModelProfile("lfm2", "lfm2_2_5.jinja"),
-    ModelFamily.qwen3_5: ModelProfile("qwen3_xml", "qwen3_5_nothink.jinja", _QWEN_ARGS),
-    ModelFamily.qwen3_8: ModelProfile("qwen3_xml", "qwen3_8.jinja", _QWEN_ARGS),
-    ModelFamily.generic: ModelProfile(None, None),
+PROFILES: dict[ServingProfile, ModelProfile] = {
+    ServingProfile.lfm2_5: ModelProfile("lfm2", "lfm2_2_5.jinja"),
+    ServingProfile.qwen3_5: ModelProfile("qwen3_xml", "qwen3_5_nothink.jinja", _QWEN_ARGS),
+    ServingProfile.qwen3_8: ModelProfile("qwen3_xml", "qwen3_8.jinja", _QWEN_ARGS),
+    ServingProfile.generic: ModelProfile(None, None),
 }
 
 # The published runs' base models. They pinned Hub revisions, but only the prefixes are public
@@ -141,16 +144,16 @@ def cpu_serving_problems(config: JsonObject, name: str) -> list[str]:
     return problems
 
 
-def model_family(name: str) -> ModelFamily:
+def serving_profile_of(name: str) -> ServingProfile:
     """The family of a Hub id or local path, from its last path component (``generic`` if unknown)."""
     leaf = name.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", ".")
     if leaf.startswith("lfm2.5"):
-        return ModelFamily.lfm2_5
+        return ServingProfile.lfm2_5
     if leaf.startswith("qwen3.5"):
-        return ModelFamily.qwen3_5
+        return ServingProfile.qwen3_5
     if leaf.startswith("qwen3.8"):
-        return ModelFamily.qwen3_8
-    return ModelFamily.generic
+        return ServingProfile.qwen3_8
+    return ServingProfile.generic
 
 
 @dataclass
@@ -163,7 +166,7 @@ class VLLMServeArgs:
     """Name clients use; defaults to ``model``. Keep the base id when serving a checkpoint."""
     revision: str | None = None
     """Hub revision (only meaningful when ``model`` is a Hub id)."""
-    family: ModelFamily | None = None
+    family: ServingProfile | None = None
     """Force the model family (tool parser, template, extra flags); detected from the name if None."""
     host: str = "127.0.0.1"
     port: int = 8000
@@ -256,11 +259,11 @@ class VLLMServeArgs:
         return self.served_model_name or self.model
 
     @property
-    def resolved_family(self) -> ModelFamily:
+    def resolved_family(self) -> ServingProfile:
         if self.family is not None:
             return self.family
-        by_name = model_family(self.name)
-        return by_name if by_name is not ModelFamily.generic else model_family(self.model)
+        by_name = serving_profile_of(self.name)
+        return by_name if by_name is not ServingProfile.generic else serving_profile_of(self.model)
 
     @property
     def url(self) -> str:
@@ -434,9 +437,9 @@ def trl_chat_template(name: str) -> str:
     return path.read_text()
 
 
-def patch_template(family: ModelFamily, template: str) -> str:
+def patch_template(family: ServingProfile, template: str) -> str:
     """The non-thinking serving variant of a family's template (see the module docstring)."""
-    if family is ModelFamily.lfm2_5:
+    if family is ServingProfile.lfm2_5:
         # The Hub template opens <think> in the generation prompt; TRL's copy opens nothing. Both
         # become a closed block, which is the prefix the published LFM runs were served with.
         for old in (_LFM_PROMPT_HUB, _LFM_PROMPT_TRL):
@@ -446,7 +449,7 @@ def patch_template(family: ModelFamily, template: str) -> str:
             "LFM2.5 chat template changed: its generation prompt is neither "
             f"{_LFM_PROMPT_HUB} nor {_LFM_PROMPT_TRL} (exactly once); requalify the non-thinking patch."
         )
-    if family in (ModelFamily.qwen3_5, ModelFamily.qwen3_8):
+    if family in (ServingProfile.qwen3_5, ServingProfile.qwen3_8):
         return template if template.startswith(_QWEN_NO_THINKING) else _QWEN_NO_THINKING + template
     raise ValueError(f"No non-thinking template patch for model family {family.value}.")
 
@@ -472,7 +475,7 @@ def check_generation_prompt_closed(template: str) -> None:
         raise ValueError(f"The generation prompt still opens a thinking block: {tail!r}")
 
 
-def write_chat_template(family: ModelFamily, directory: Path) -> Path:
+def write_chat_template(family: ServingProfile, directory: Path) -> Path:
     """Derive the family's patched template from TRL's copy, check it, write it into ``directory``."""
     source = PROFILES[family].trl_template
     if source is None:

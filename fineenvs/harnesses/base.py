@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypedDict
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses.files import iter_json_lines, json_from, read_text, write_config_file
 from fineenvs.harnesses.node import NODE, compile_cache_dir
 from fineenvs.jsonl import JsonObject
@@ -22,12 +23,12 @@ from fineenvs.paths import harness_cache, installed_version, read_marker
 
 Registry = Literal["npm", "pypi"]
 
-# The four wire formats the proxy speaks (names match fineenvs.dialects).
-OPENAI_CHAT = "openai_chat"
-OPENAI_RESPONSES = "openai_responses"
-ANTHROPIC_MESSAGES = "anthropic_messages"
-GEMINI = "gemini"
-API_FORMATS = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES, GEMINI)
+# The four wire formats the proxy speaks (fineenvs.api_formats), by the names adapters use.
+OPENAI_CHAT = ApiFormat.openai_chat.value
+OPENAI_RESPONSES = ApiFormat.openai_responses.value
+ANTHROPIC_MESSAGES = ApiFormat.anthropic_messages.value
+GEMINI = ApiFormat.gemini.value
+API_FORMATS = tuple(f.value for f in ApiFormat)
 
 
 class HarnessConfigError(ValueError):

@@ -179,9 +179,9 @@ def reward_function(run: RunConfig) -> Callable[[float | None, int | None, bool]
 
     ``reward.require_verified_tool_count=false`` trusts any tool count (the proxy's count of the
     tool calls the model emitted, when the agent keeps no log of its own)."""
-    from fineenvs.rewards import build_reward_spec, compute_reward
+    from fineenvs.rewards import build_reward_weights, compute_reward
 
-    spec = build_reward_spec(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
+    spec = build_reward_weights(dict(run.reward.terms), tool_budget=run.reward.tool_budget)
     trust_any = not run.reward.require_verified_tool_count
 
     def reward(correct: float | None, tool_calls: int | None, verified: bool) -> RewardResult:

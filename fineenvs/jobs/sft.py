@@ -89,9 +89,9 @@ def student_chat_template(run: RunConfig) -> str | None:
     """
     if run.model.source is ModelSource.tiny or run.engine.kind is not EngineKind.vllm:
         return None
-    from fineenvs.engine.vllm import PROFILES, model_family, patch_template, trl_chat_template
+    from fineenvs.engine.vllm import PROFILES, patch_template, serving_profile_of, trl_chat_template
 
-    family = model_family(run.model.path)
+    family = serving_profile_of(run.model.path)
     source = PROFILES[family].trl_template
     return None if source is None else patch_template(family, trl_chat_template(source))
 

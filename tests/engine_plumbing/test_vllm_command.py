@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from fineenvs.engine.vllm import (
-    ModelFamily,
+    ServingProfile,
     VLLMServeArgs,
     build_serve_command,
     build_serve_env,
     check_generation_prompt_closed,
     generation_prompt,
-    model_family,
     patch_template,
     prepare_chat_template,
     published_serve_args,
+    serving_profile_of,
     trl_chat_template,
     write_chat_template,
 )
@@ -130,27 +130,27 @@ def test_bad_arguments_are_all_reported() -> None:
 @pytest.mark.parametrize(
     ("name", "family"),
     [
-        ("LiquidAI/LFM2.5-2.6B", ModelFamily.lfm2_5),
-        ("/ckpt/LFM2_5-2.6B-step-50", ModelFamily.lfm2_5),
-        ("Qwen/Qwen3.5-2B", ModelFamily.qwen3_5),
-        ("Qwen/Qwen3.8-27B", ModelFamily.qwen3_8),
-        ("Qwen/Qwen3-8B", ModelFamily.generic),
+        ("LiquidAI/LFM2.5-2.6B", ServingProfile.lfm2_5),
+        ("/ckpt/LFM2_5-2.6B-step-50", ServingProfile.lfm2_5),
+        ("Qwen/Qwen3.5-2B", ServingProfile.qwen3_5),
+        ("Qwen/Qwen3.8-27B", ServingProfile.qwen3_8),
+        ("Qwen/Qwen3-8B", ServingProfile.generic),
     ],
 )
-def test_model_family(name: str, family: ModelFamily) -> None:
-    assert model_family(name) is family
+def test_serving_profile_of(name: str, family: ServingProfile) -> None:
+    assert serving_profile_of(name) is family
 
 
 @pytest.mark.parametrize(
     ("family", "tail"),
     [
-        (ModelFamily.lfm2_5, "<|im_start|>assistant\n<think></think>"),
-        (ModelFamily.qwen3_5, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-        (ModelFamily.qwen3_8, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        (ServingProfile.lfm2_5, "<|im_start|>assistant\n<think></think>"),
+        (ServingProfile.qwen3_5, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        (ServingProfile.qwen3_8, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
     ],
 )
 def test_patched_templates_do_not_open_a_thinking_block(
-    family: ModelFamily, tail: str, tmp_path: Path
+    family: ServingProfile, tail: str, tmp_path: Path
 ) -> None:
     path = write_chat_template(family, tmp_path)
     # generation_prompt asks for thinking (enable_thinking=True): the patch must override the caller
@@ -162,14 +162,14 @@ def test_unpatched_templates_are_caught() -> None:
     with pytest.raises(ValueError, match="still opens a thinking block"):
         check_generation_prompt_closed(trl_chat_template("qwen3_8.jinja"))
     with pytest.raises(ValueError, match="template changed"):
-        patch_template(ModelFamily.lfm2_5, "{{ messages }}")
+        patch_template(ServingProfile.lfm2_5, "{{ messages }}")
 
 
 def test_hub_lfm_generation_prompt_is_closed_too() -> None:
     hub_style = trl_chat_template("lfm2_2_5.jinja").replace(
         '{{- "<|im_start|>assistant\\n" -}}', '{{- "<|im_start|>assistant\\n<think>" -}}'
     )
-    assert generation_prompt(patch_template(ModelFamily.lfm2_5, hub_style)).endswith(
+    assert generation_prompt(patch_template(ServingProfile.lfm2_5, hub_style)).endswith(
         "assistant\n<think></think>"
     )
 
