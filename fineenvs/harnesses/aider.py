@@ -45,10 +45,6 @@ def _model_name(fmt: str, model: str) -> str:
 
 class Aider(PypiHarness):
     name = "aider"
-    package = "aider-chat"
-    version = "0.86.2"
-    binary = "aider"
-    api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES)
     actions_in_text = True
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:

@@ -18,6 +18,7 @@ from typing import Literal, TypedDict
 from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses.files import iter_json_lines, json_from, read_text, write_config_file
 from fineenvs.harnesses.node import NODE, compile_cache_dir
+from fineenvs.harnesses.pins import PINS
 from fineenvs.jsonl import JsonObject
 from fineenvs.paths import harness_cache, installed_version, read_marker
 
@@ -134,13 +135,8 @@ class Harness(ABC):
     from scratch so the parent's API keys and other secrets never reach the agent.
     """
 
-    name: str
-    package: str
+    name: str  # its pin in PINS (fineenvs/harnesses/pins.py): package, version, binary, formats
     registry: Registry
-    version: str
-    binary: str
-    # The formats the agent speaks, the one it speaks unless told otherwise first.
-    api_formats: tuple[str, ...]
     # Extra requirements installed next to the package (pypi: pins that keep the agent working).
     extra_requirements: tuple[str, ...] = ()
     # Whether the agent honours a step limit we can set (only then is step_limit passed through).
@@ -150,6 +146,23 @@ class Harness(ABC):
     actions_in_text: bool = False
     # PyPI agents whose releases need a newer Python than the project's name it here ("3.12").
     python_version: str | None = None
+
+    @property
+    def package(self) -> str:
+        return PINS[self.name].package
+
+    @property
+    def version(self) -> str:
+        return PINS[self.name].version
+
+    @property
+    def binary(self) -> str:
+        return PINS[self.name].binary
+
+    @property
+    def api_formats(self) -> tuple[str, ...]:
+        """The formats the agent speaks, the one it speaks unless told otherwise first."""
+        return PINS[self.name].api_formats
 
     @property
     def default_format(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import ANTHROPIC_MESSAGES, Launch, NpmHarness, strip_v1
+from fineenvs.harnesses.base import Launch, NpmHarness, strip_v1
 from fineenvs.harnesses.files import typed_blocks
 from fineenvs.jsonl import JsonObject
 
@@ -28,10 +28,6 @@ def read_stream_json(events: list[JsonObject]) -> tuple[str | None, int | None]:
 
 class ClaudeCode(NpmHarness):
     name = "claude_code"
-    package = "@anthropic-ai/claude-code"
-    version = "2.1.197"
-    binary = "claude"
-    api_formats = (ANTHROPIC_MESSAGES,)
     honours_step_limit = True  # --max-turns in print mode
     output_detail = "stream-json"
 

@@ -7,7 +7,7 @@ widely used tool-calling coding agent whose CLI ships as a native binary inside 
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Launch, NpmHarness, with_v1
+from fineenvs.harnesses.base import Launch, NpmHarness, with_v1
 from fineenvs.jsonl import JsonObject
 
 PROVIDER = "openai-compatible"
@@ -15,10 +15,6 @@ PROVIDER = "openai-compatible"
 
 class Cline(NpmHarness):
     name = "cline"
-    package = "cline"
-    version = "3.0.65"
-    binary = "cline"
-    api_formats = (OPENAI_CHAT,)
     output_detail = "--json events"
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:

@@ -12,7 +12,7 @@ which never tries the WebSocket and posts every turn with its full history.
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import OPENAI_RESPONSES, HarnessConfigError, Launch, NpmHarness, with_v1
+from fineenvs.harnesses.base import HarnessConfigError, Launch, NpmHarness, with_v1
 from fineenvs.jsonl import JsonObject
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
@@ -23,10 +23,6 @@ TRANSPORTS = ("websocket", "http")
 
 class Codex(NpmHarness):
     name = "codex"
-    package = "@openai/codex"
-    version = "0.171.0"
-    binary = "codex"
-    api_formats = (OPENAI_RESPONSES,)
     output_detail = "exec --json"
 
     def __init__(self, transport: str = "websocket") -> None:

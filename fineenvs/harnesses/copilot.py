@@ -40,10 +40,6 @@ TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_M
 
 class Copilot(NpmHarness):
     name = "copilot"
-    package = "@github/copilot"
-    version = "1.0.102"
-    binary = "copilot"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
     output_detail = "--output-format json"
 
     def __init__(self, transport: str = "http") -> None:

@@ -38,10 +38,6 @@ TOOLS = ("Read", "LS", "Execute", "Edit", "ApplyPatch", "Grep", "Glob", "Create"
 
 class Droid(NpmHarness):
     name = "droid"
-    package = "@factory/cli"
-    version = "0.225.1"
-    binary = "droid"
-    api_formats = (OPENAI_CHAT, OPENAI_RESPONSES, ANTHROPIC_MESSAGES)
     extra_requirements = (f"{BINARY_PACKAGE}@{BINARY_VERSION}",)
     output_detail = "-o stream-json"
 

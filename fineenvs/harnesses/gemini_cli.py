@@ -23,10 +23,6 @@ def gemini_settings(auth_type: str, step_limit: int | None) -> JsonObject:
 
 class GeminiCli(NpmHarness):
     name = "gemini_cli"
-    package = "@google/gemini-cli"
-    version = "0.61.0"
-    binary = "gemini"
-    api_formats = (GEMINI,)
     honours_step_limit = True  # model.maxSessionTurns
     output_detail = "--output-format json"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Launch, Outputs, PypiHarness, with_v1
+from fineenvs.harnesses.base import Launch, Outputs, PypiHarness, with_v1
 from fineenvs.harnesses.files import iter_json_lines, read_text, write_text
 from fineenvs.jsonl import JsonObject
 
@@ -21,10 +21,6 @@ MAX_STEPS = ".config/gptme/max_steps"
 
 class Gptme(PypiHarness):
     name = "gptme"
-    package = "gptme"
-    version = "0.35.1"
-    binary = "gptme"
-    api_formats = (OPENAI_CHAT,)
     honours_step_limit = True  # GPTME_MAX_STEPS
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:

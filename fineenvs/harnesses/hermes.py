@@ -29,10 +29,6 @@ CONTEXT_LENGTH = 200000
 
 class Hermes(PypiHarness):
     name = "hermes"
-    package = "hermes-agent"
-    version = "0.19.0"
-    binary = "hermes"
-    api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES, OPENAI_RESPONSES)
     # The newest anthropic SDK breaks hermes' Messages mode (httpx2 timeout error).
     extra_requirements = ("anthropic==0.87.0",)
     honours_step_limit = True  # agent.max_turns

@@ -23,9 +23,6 @@ AGENT = "code"
 
 class Kilo(OpenCode):
     name = "kilo"
-    package = "@kilocode/cli"
-    version = "7.7.7"
-    binary = "kilo"
     honours_step_limit = True  # agent.code.steps
     schema_url = "https://app.kilo.ai/config.json"
     config_file = ".config/kilo/kilo.json"

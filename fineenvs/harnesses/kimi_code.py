@@ -26,7 +26,6 @@ from pathlib import Path
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
-    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
@@ -51,10 +50,6 @@ CONTEXT_SIZE = 200000
 
 class KimiCode(NpmHarness):
     name = "kimi_code"
-    package = "@moonshot-ai/kimi-code"
-    version = "2.1.0"
-    binary = "kimi"
-    api_formats = API_FORMATS
     honours_step_limit = True  # loop_control.max_steps_per_turn
     output_detail = "--output-format stream-json"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
     LITELLM_OFFLINE,
     OPENAI_CHAT,
     SDK_KEY_ENV,
@@ -25,10 +24,6 @@ PARAMS = "mini_params.yaml"
 
 class MiniSweAgent(PypiHarness):
     name = "mini_swe_agent"
-    package = "mini-swe-agent"
-    version = "2.4.6"
-    binary = "mini"
-    api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES)
     honours_step_limit = True  # agent.step_limit
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:

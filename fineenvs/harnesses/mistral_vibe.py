@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Launch, Outputs, PypiHarness, transcript_outputs, with_v1
+from fineenvs.harnesses.base import Launch, Outputs, PypiHarness, transcript_outputs, with_v1
 from fineenvs.harnesses.files import joined_text, read_text
 from fineenvs.jsonl import JsonObject
 
@@ -18,10 +18,6 @@ ALIAS = "fineenvs"
 
 class MistralVibe(PypiHarness):
     name = "mistral_vibe"
-    package = "mistral-vibe"
-    version = "3.0.2"
-    binary = "vibe"
-    api_formats = (OPENAI_CHAT,)
     python_version = "3.12"
     honours_step_limit = True  # --max-turns (headless)
 

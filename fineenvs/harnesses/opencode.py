@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
-    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
@@ -37,10 +36,6 @@ class OpenCode(NpmHarness):
     attribute or a hook (``extra_config``, ``run_flags``, ``workdir_flags``, ``extra_env``)."""
 
     name = "opencode"
-    package = "opencode-ai"
-    version = "1.18.33"
-    binary = "opencode"
-    api_formats = API_FORMATS
     output_detail = "run --format json"
     schema_url = "https://opencode.ai/config.json"
     config_file = ".config/opencode/opencode.json"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import LITELLM_OFFLINE, OPENAI_CHAT, Launch, Outputs, PypiHarness, with_v1
+from fineenvs.harnesses.base import LITELLM_OFFLINE, Launch, Outputs, PypiHarness, with_v1
 from fineenvs.harnesses.files import read_json_object
 from fineenvs.jsonl import JsonObject
 
@@ -22,10 +22,6 @@ EVENTS = "openhands_events.json"
 
 class OpenHands(PypiHarness):
     name = "openhands"
-    package = "openhands-sdk"
-    version = "1.58.2"
-    binary = "python"
-    api_formats = (OPENAI_CHAT,)
     python_version = "3.12"
     extra_requirements = ("openhands-tools==1.58.2",)
     honours_step_limit = True  # max_iteration_per_run

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
-    API_FORMATS,
     GEMINI,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
@@ -27,10 +26,6 @@ API_BY_FORMAT = {
 
 class Pi(NpmHarness):
     name = "pi"
-    package = "@mariozechner/pi-coding-agent"
-    version = "0.73.1"
-    binary = "pi"
-    api_formats = API_FORMATS
     output_detail = "--mode json"
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:

@@ -25,10 +25,6 @@ MODEL_ENV = {OPENAI_CHAT: "OPENAI_MODEL", ANTHROPIC_MESSAGES: "ANTHROPIC_MODEL"}
 
 class QwenCode(NpmHarness):
     name = "qwen_code"
-    package = "@qwen-code/qwen-code"
-    version = "0.15.10"
-    binary = "qwen"
-    api_formats = (OPENAI_CHAT, ANTHROPIC_MESSAGES, GEMINI)
     honours_step_limit = True  # model.maxSessionTurns
     output_detail = "--output-format json"
 
