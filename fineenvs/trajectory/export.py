@@ -103,7 +103,7 @@ def session_to_json(result: SessionResult) -> JsonObject:
         "kind": SESSION_KIND,
         "session_id": result.metadata.get("session_id"),
         "metadata": result.metadata,
-        "options": asdict(result.rows.options),
+        "options": result.rows.options.to_json(),
         "trainable": result.trainable,
         "refusal": result.refusal,
         "calls": calls,

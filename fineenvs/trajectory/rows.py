@@ -33,7 +33,7 @@ either mode, and two cuts that end at the same call are kept once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Literal, TypeVar
 
@@ -80,6 +80,10 @@ class RowOptions:
         # Python callers may name the modes as strings ("split"); the run config gives the enums.
         self.overlong = _member(Overlong, self.overlong, "overlong")
         self.shared_prefix = _member(SharedPrefix, self.shared_prefix, "shared_prefix")
+
+    def to_json(self) -> JsonObject:
+        """The options as JSON values (the modes by name), as ``RowOptions(**...)`` reads them back."""
+        return {**asdict(self), "overlong": self.overlong.value, "shared_prefix": self.shared_prefix.value}
 
     def check(self) -> None:
         if self.max_tokens is not None and self.max_tokens <= 0:

@@ -191,3 +191,14 @@ def test_a_row_with_a_trained_call_of_unknown_version_has_no_version() -> None:
     one_unknown = [*versioned[:2], replace(versioned[2], weight_version=None)]
     (row,) = build_rows(TrajectoryGraph(one_unknown), RowOptions()).rows
     assert row.weight_version is None
+
+
+def test_options_round_trip_as_json() -> None:
+    """A session file stores its row options as plain JSON (the modes by name) and reads them back."""
+    import json
+
+    options = RowOptions(max_tokens=15, overlong="split", shared_prefix="once", drop_discarded=False)
+    doc = options.to_json()
+    assert doc["overlong"] == "split" and doc["shared_prefix"] == "once"
+    assert json.loads(json.dumps(doc)) == doc
+    assert RowOptions(**doc) == options
