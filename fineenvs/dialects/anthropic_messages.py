@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from fineenvs.api_formats import ApiFormat
+from fineenvs.dialects import canonical
 from fineenvs.dialects._common import (
     INT64_MAX,
     Range,
@@ -53,19 +54,6 @@ from fineenvs.dialects._common import (
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
-from fineenvs.dialects.canonical import (
-    dumps_args,
-    finish_tools,
-    function_tool,
-    image_part,
-    join_text,
-    json_schema_format,
-    loads_args,
-    normalise_messages,
-    text_or_parts,
-    text_part,
-    tool_call,
-)
 from fineenvs.dialects.reply import DialectBase, Reply, read_completion, typed_event
 
 BILLING_PREFIX = "x-anthropic-billing-header:"
@@ -109,9 +97,9 @@ def _image(block: JSON, where: str) -> JSON:
     if source.get("type") == "base64":
         media = require_str(source.get("media_type"), f"{where}.source.media_type")
         data = require_str(source.get("data"), f"{where}.source.data")
-        return image_part(f"data:{media};base64,{data}")
+        return canonical.image_part(f"data:{media};base64,{data}")
     if source.get("type") == "url":
-        return image_part(require_str(source.get("url"), f"{where}.source.url"))
+        return canonical.image_part(require_str(source.get("url"), f"{where}.source.url"))
     raise unsupported(
         f"{where}.source",
         source.get("type"),
@@ -148,7 +136,7 @@ def _tool_result(block: JSON, where: str) -> tuple[JSON, list[JSON]]:
             "Send the result as a string.",
             param=f"{where}.content",
         )
-    text = join_text(texts)
+    text = canonical.join_text(texts)
     if block.get("is_error") is True:
         text = "[Tool Error] " + text
     return {"role": "tool", "tool_call_id": call_id, "content": text}, images
@@ -170,13 +158,13 @@ class _Turn:
     def add(self, block: JSON, bw: str) -> None:
         kind, role = block.get("type"), self.role
         if kind == "text":
-            self.parts.append(text_part(require_str(block.get("text"), f"{bw}.text")))
+            self.parts.append(canonical.text_part(require_str(block.get("text"), f"{bw}.text")))
         elif kind == "image":
             self.parts.append(_image(block, bw))
         elif kind == "tool_use" and role == "assistant":
             call_id = require_str(block.get("id"), f"{bw}.id")
             name = require_str(block.get("name"), f"{bw}.name")
-            self.calls.append(tool_call(call_id, name, dumps_args(block.get("input"))))
+            self.calls.append(canonical.tool_call(call_id, name, canonical.dumps_args(block.get("input"))))
         elif kind == "tool_result" and role == "user":
             tool_msg, images = _tool_result(block, bw)
             self.tool_messages.append(tool_msg)
@@ -205,7 +193,7 @@ class _Turn:
             self.notes.append(f"{self.where}: images inside tool_result moved to a following user message")
             self.parts.extend(self.follow_images)
         if self.parts:
-            out.append({"role": "user", "content": text_or_parts(self.parts)})
+            out.append({"role": "user", "content": canonical.text_or_parts(self.parts)})
         elif not out:
             out.append({"role": "user", "content": ""})
         return out
@@ -221,12 +209,12 @@ class _Turn:
             )
         assistant: JSON = {
             "role": "assistant",
-            "content": join_text([p["text"] for p in parts]) if parts else None,
+            "content": canonical.join_text([p["text"] for p in parts]) if parts else None,
         }
         if not parts and not calls:
             assistant["content"] = ""
         if self.reasoning:
-            assistant["reasoning_content"] = join_text(self.reasoning)
+            assistant["reasoning_content"] = canonical.join_text(self.reasoning)
         if calls:
             assistant["tool_calls"] = calls
         return assistant
@@ -249,7 +237,9 @@ def _message(raw: object, i: int, notes: list[str]) -> list[JSON]:
         return [{"role": role, "content": content}]
     blocks = require_objects(content, f"{where}.content")
     if role == "system":
-        return [{"role": "system", "content": join_text([as_str(b.get("text")) for _, _, b in blocks])}]
+        return [
+            {"role": "system", "content": canonical.join_text([as_str(b.get("text")) for _, _, b in blocks])}
+        ]
     turn = _Turn(role, where, notes)
     for _, bw, block in blocks:
         turn.add(block, bw)
@@ -267,7 +257,7 @@ def _system(raw: object, notes: list[str]) -> str | None:
         first, _, rest = texts[0].partition("\n")
         notes.append("claude-code billing header (per-request nonce) stripped from the system prompt")
         texts = ([rest] if rest.strip() else []) + texts[1:]
-    return join_text(texts) if texts else None
+    return canonical.join_text(texts) if texts else None
 
 
 def _tools(raw: object, notes: list[str]) -> list[JSON]:
@@ -282,7 +272,7 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
             )
             continue
         tools.append(
-            function_tool(
+            canonical.function_tool(
                 require_str(tool.get("name"), f"tools[{k}].name"),
                 tool.get("description"),
                 require_dict(tool.get("input_schema"), f"tools[{k}].input_schema"),
@@ -319,7 +309,7 @@ def _messages(body: JSON, notes: list[str]) -> list[JSON]:
         messages.append({"role": "system", "content": system})
     for i, m in enumerate(raw_messages):
         messages.extend(_message(m, i, notes))
-    return normalise_messages(messages, notes)
+    return canonical.normalise_messages(messages, notes)
 
 
 class AnthropicMessages(DialectBase):
@@ -339,10 +329,10 @@ class AnthropicMessages(DialectBase):
             out["tool_choice"], parallel = _tool_choice(body["tool_choice"])
             if parallel is not None:
                 out["parallel_tool_calls"] = parallel
-        finish_tools(out, _tools(body.get("tools"), notes), notes)
+        canonical.finish_tools(out, _tools(body.get("tools"), notes), notes)
         fmt = as_dict(as_dict(body.get("output_config")).get("format"))
         if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-            out["response_format"] = json_schema_format("output", fmt["schema"])
+            out["response_format"] = canonical.json_schema_format("output", fmt["schema"])
         thinking = as_dict(body.get("thinking"))
         return canonical_request(out, body, notes, {"thinking": as_str(thinking.get("type"))})
 
@@ -358,10 +348,15 @@ class AnthropicMessages(DialectBase):
                 }
             )
         if reply.content or not reply.tool_calls:
-            blocks.append(text_part(reply.content))
+            blocks.append(canonical.text_part(reply.content))
         for call in reply.tool_calls:
             blocks.append(
-                {"type": "tool_use", "id": call.id, "name": call.name, "input": loads_args(call.arguments)}
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    "input": canonical.loads_args(call.arguments),
+                }
             )
         return reply, blocks
 
@@ -409,11 +404,11 @@ def _block_events(index: int, block: JSON) -> Iterator[bytes]:
             {"type": "signature_delta", "signature": block["signature"]},
         ]
     elif kind == "text":
-        empty = text_part("")
+        empty = canonical.text_part("")
         deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
     else:
         empty = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-        deltas = [{"type": "input_json_delta", "partial_json": dumps_args(block["input"])}]
+        deltas = [{"type": "input_json_delta", "partial_json": canonical.dumps_args(block["input"])}]
     yield typed_event("content_block_start", index=index, content_block=empty)
     for delta in deltas:
         yield typed_event("content_block_delta", index=index, delta=delta)

@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterator
 
 from fineenvs.api_formats import ApiFormat
+from fineenvs.dialects import canonical
 from fineenvs.dialects._common import (
     INT64_MAX,
     RANGES,
@@ -55,19 +56,6 @@ from fineenvs.dialects._common import (
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
-from fineenvs.dialects.canonical import (
-    dumps_args,
-    finish_tools,
-    function_tool,
-    image_part,
-    join_text,
-    json_schema_format,
-    loads_args,
-    normalise_messages,
-    text_or_parts,
-    text_part,
-    tool_call,
-)
 from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "content_filter": "SAFETY"}
@@ -140,7 +128,7 @@ def _media(part: JSON, where: str) -> JSON:
             "Send the content as text (or an image).",
             param=where,
         )
-    return image_part(url)
+    return canonical.image_part(url)
 
 
 def _tool_text(response: object) -> str:
@@ -175,7 +163,7 @@ class _History:
             elif isinstance(fc, dict):
                 name = require_str(fc.get("name"), f"{where}.functionCall.name")
                 cid = f"call_{c}_{len(calls)}"
-                calls.append(tool_call(cid, name, dumps_args(fc.get("args"))))
+                calls.append(canonical.tool_call(cid, name, canonical.dumps_args(fc.get("args"))))
                 self.open_calls.append((cid, name, fc.get("id") if isinstance(fc.get("id"), str) else None))
             elif _get(part, "executableCode") is not None or _get(part, "codeExecutionResult") is not None:
                 self.notes.append(
@@ -188,8 +176,11 @@ class _History:
                     "Send text or functionCall parts.",
                     param=where,
                 )
-        msg: JSON = {"role": "assistant", "content": join_text(texts) if texts or not calls else None}
-        reasoning = join_text(thoughts) if thoughts else signed
+        msg: JSON = {
+            "role": "assistant",
+            "content": canonical.join_text(texts) if texts or not calls else None,
+        }
+        reasoning = canonical.join_text(thoughts) if thoughts else signed
         if reasoning:
             msg["reasoning_content"] = reasoning
         if calls:
@@ -201,7 +192,7 @@ class _History:
         for p, where, part in require_objects(parts, f"contents[{c}].parts"):
             fr = _get(part, "functionResponse")
             if isinstance(part.get("text"), str):
-                content.append(text_part(part["text"]))
+                content.append(canonical.text_part(part["text"]))
             elif isinstance(fr, dict):
                 name = require_str(fr.get("name"), f"{where}.functionResponse.name")
                 cid = self._pair(fr.get("id"), name, c, p)
@@ -218,7 +209,7 @@ class _History:
                     param=where,
                 )
         if content:
-            self.messages.append({"role": "user", "content": text_or_parts(content)})
+            self.messages.append({"role": "user", "content": canonical.text_or_parts(content)})
 
     def _pair(self, client_id: object, name: str, c: int, p: int) -> str:
         for k, (cid, _name, cl_id) in enumerate(self.open_calls):
@@ -248,7 +239,7 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
             schema = _get(decl, "parametersJsonSchema")
             if schema is None and _get(decl, "parameters") is not None:
                 schema = _lower_types(_get(decl, "parameters"))
-            tools.append(function_tool(name, decl.get("description"), schema))
+            tools.append(canonical.function_tool(name, decl.get("description"), schema))
     return tools
 
 
@@ -280,7 +271,7 @@ def _system(raw: object) -> JSON | None:
     if isinstance(raw, str):
         return {"role": "system", "content": raw}
     parts = require_objects(require_dict(raw, "systemInstruction").get("parts"), "systemInstruction.parts")
-    return {"role": "system", "content": join_text([as_str(x.get("text")) for _, _, x in parts])}
+    return {"role": "system", "content": canonical.join_text([as_str(x.get("text")) for _, _, x in parts])}
 
 
 def _messages(body: JSON, notes: list[str]) -> tuple[list[JSON], int]:
@@ -308,7 +299,7 @@ def _messages(body: JSON, notes: list[str]) -> tuple[list[JSON], int]:
                 "Use role user or model.",
                 field="role",
             )
-    return normalise_messages(history.messages, notes), len(contents)
+    return canonical.normalise_messages(history.messages, notes), len(contents)
 
 
 def _generation(gen: JSON) -> JSON:
@@ -329,7 +320,7 @@ def _generation(gen: JSON) -> JSON:
     schema = _get(gen, "responseJsonSchema") or _get(gen, "responseSchema")
     if _get(gen, "responseMimeType") == "application/json":
         out["response_format"] = (
-            json_schema_format("output", _lower_types(schema))
+            canonical.json_schema_format("output", _lower_types(schema))
             if isinstance(schema, dict)
             else {"type": "json_object"}
         )
@@ -356,7 +347,7 @@ class Gemini(DialectBase):
         out: JSON = {"messages": messages, **_generation(gen)}
         if _get(body, "toolConfig") is not None:
             out["tool_choice"] = _tool_choice(require_dict(_get(body, "toolConfig"), "toolConfig"))
-        finish_tools(out, _tools(body.get("tools"), notes), notes)
+        canonical.finish_tools(out, _tools(body.get("tools"), notes), notes)
         stream = "streamgeneratecontent" in path.lower() or query.get("alt") == "sse"
         match = _MODEL_IN_PATH.search(path)
         thinking = as_dict(_get(gen, "thinkingConfig"))
@@ -388,7 +379,7 @@ class Gemini(DialectBase):
                         "functionCall": {
                             "id": f"call_{c}_{k}",
                             "name": call.name,
-                            "args": loads_args(call.arguments),
+                            "args": canonical.loads_args(call.arguments),
                         }
                     }
                     for k, call in enumerate(reply.tool_calls)

@@ -24,6 +24,7 @@ import json
 from collections.abc import Iterator
 
 from fineenvs.api_formats import ApiFormat
+from fineenvs.dialects import canonical
 from fineenvs.dialects._common import (
     RANGES,
     as_dict,
@@ -39,16 +40,6 @@ from fineenvs.dialects._common import (
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
-from fineenvs.dialects.canonical import (
-    arguments_json,
-    finish_tools,
-    function_tool,
-    image_part,
-    normalise_messages,
-    text_or_parts,
-    text_part,
-    tool_call,
-)
 from fineenvs.dialects.reply import DialectBase, Reply, read_completion, sse_data
 
 # Fields forwarded as the agent sent them (the proxy records them and applies its own policy).
@@ -87,11 +78,11 @@ def _content_parts(content: list[object], where: str) -> str | list[JSON]:
     for _, part_where, p in require_objects(content, where):
         kind = p.get("type")
         if kind == "text":
-            parts.append(text_part(require_str(p.get("text"), f"{part_where}.text")))
+            parts.append(canonical.text_part(require_str(p.get("text"), f"{part_where}.text")))
         elif kind == "image_url":
             image = p.get("image_url")
             url = image.get("url") if isinstance(image, dict) else image
-            parts.append(image_part(require_str(url, f"{part_where}.image_url.url")))
+            parts.append(canonical.image_part(require_str(url, f"{part_where}.image_url.url")))
         else:
             raise unsupported(
                 part_where,
@@ -99,7 +90,7 @@ def _content_parts(content: list[object], where: str) -> str | list[JSON]:
                 "the engine takes text and image_url content parts only",
                 "Send text (or image_url) parts.",
             )
-    return text_or_parts(parts)
+    return canonical.text_or_parts(parts)
 
 
 def _message(raw: object, i: int, notes: list[str]) -> JSON:
@@ -156,8 +147,8 @@ def _message(raw: object, i: int, notes: list[str]) -> JSON:
 
 def _tool_call(call: JSON, where: str) -> JSON:
     fn = require_dict(call.get("function"), f"{where}.function")
-    args = arguments_json(fn.get("arguments"))
-    return tool_call(
+    args = canonical.arguments_json(fn.get("arguments"))
+    return canonical.tool_call(
         require_str(call.get("id"), f"{where}.id"),
         require_str(fn.get("name"), f"{where}.function.name"),
         args,
@@ -176,7 +167,7 @@ def _tools(raw: object, notes: list[str]) -> list[JSON]:
             continue
         fn = as_dict(tool.get("function")) or tool  # nested or flat shape
         name = require_str(fn.get("name"), f"tools[{k}].function.name")
-        tools.append(function_tool(name, fn.get("description"), fn.get("parameters")))
+        tools.append(canonical.function_tool(name, fn.get("description"), fn.get("parameters")))
         if "strict" in fn:
             tools[-1]["function"]["strict"] = fn["strict"]
     return tools
@@ -201,7 +192,9 @@ class OpenAIChat(DialectBase):
             "a chat completion needs at least one message",
             "Send at least one user message.",
         )
-        messages = normalise_messages([_message(m, i, notes) for i, m in enumerate(raw_messages)], notes)
+        messages = canonical.normalise_messages(
+            [_message(m, i, notes) for i, m in enumerate(raw_messages)], notes
+        )
         out: JSON = {"messages": messages}
         for key in PASSTHROUGH:
             if body.get(key) is not None:
@@ -212,7 +205,7 @@ class OpenAIChat(DialectBase):
         max_completion = optional_int(body, "max_completion_tokens")
         if max_tokens or max_completion:
             out["max_tokens"] = min(v for v in (max_tokens, max_completion) if v)
-        finish_tools(out, _tools(body.get("tools"), notes), notes)
+        canonical.finish_tools(out, _tools(body.get("tools"), notes), notes)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         return canonical_request(out, body, notes, {"include_usage": include_usage})
@@ -226,7 +219,7 @@ class OpenAIChat(DialectBase):
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
         if reply.tool_calls:
-            message["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in reply.tool_calls]
+            message["tool_calls"] = [canonical.tool_call(c.id, c.name, c.arguments) for c in reply.tool_calls]
         logprobs = None
         if request.body.get("logprobs"):
             choice = completion["choices"][0]
@@ -267,7 +260,7 @@ class OpenAIChat(DialectBase):
         if reply.content:
             yield chunk({"content": reply.content})
         for i, call in enumerate(reply.tool_calls):
-            opened = {"index": i, **tool_call(call.id, call.name, "")}
+            opened = {"index": i, **canonical.tool_call(call.id, call.name, "")}
             yield chunk({"tool_calls": [opened]})
             if call.arguments:
                 yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 from fineenvs.api_formats import ApiFormat
+from fineenvs.dialects import canonical
 from fineenvs.dialects._common import (
     as_dict,
     as_str,
@@ -46,19 +47,6 @@ from fineenvs.dialects._common import (
     unsupported,
 )
 from fineenvs.dialects.base import JSON, CanonicalRequest
-from fineenvs.dialects.canonical import (
-    dumps_args,
-    finish_tools,
-    function_tool,
-    image_part,
-    join_text,
-    json_schema_format,
-    loads_args,
-    normalise_messages,
-    text_or_parts,
-    text_part,
-    tool_call,
-)
 from fineenvs.dialects.reply import DialectBase, Usage, read_completion, typed_event
 
 NS_SEP = "__"
@@ -78,9 +66,9 @@ def _parts(content: object, where: str) -> str | list[JSON]:
     for _, part_where, p in require_objects(content, where):
         kind = p.get("type")
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            parts.append(text_part(require_str(p.get("text"), f"{part_where}.text")))
+            parts.append(canonical.text_part(require_str(p.get("text"), f"{part_where}.text")))
         elif kind == "refusal":
-            parts.append(text_part(require_str(p.get("refusal"), f"{part_where}.refusal")))
+            parts.append(canonical.text_part(require_str(p.get("refusal"), f"{part_where}.refusal")))
         elif kind == "input_image":
             url = p.get("image_url")
             if not isinstance(url, str):
@@ -90,7 +78,7 @@ def _parts(content: object, where: str) -> str | list[JSON]:
                     "Send image_url as a data: or https: URL.",
                     param=f"{part_where}.image_url",
                 )
-            parts.append(image_part(url))
+            parts.append(canonical.image_part(url))
         else:
             raise unsupported(
                 part_where,
@@ -98,7 +86,7 @@ def _parts(content: object, where: str) -> str | list[JSON]:
                 "the proxy converts text and image parts",
                 "Send input_text/output_text/input_image parts.",
             )
-    return text_or_parts(parts)
+    return canonical.text_or_parts(parts)
 
 
 def _reasoning_text(item: JSON) -> str:
@@ -108,7 +96,7 @@ def _reasoning_text(item: JSON) -> str:
     for key in ("content", "summary"):
         texts = [as_str(as_dict(p).get("text")) for p in item.get(key) or [] if isinstance(p, dict)]
         if any(texts):
-            return join_text(texts)
+            return canonical.join_text(texts)
     return ""
 
 
@@ -117,7 +105,7 @@ class _Builder:
 
     def __init__(self, notes: list[str], names: dict[tuple[str, str], str]) -> None:
         self.notes = notes
-        self.names = names  # (namespace, name) -> canonical name
+        self.names = names  # (namespace, name) -> the name the engine sees
         self.messages: list[JSON] = []
         self.pending_reasoning: list[str] = []
 
@@ -133,7 +121,7 @@ class _Builder:
             last = {"role": "assistant", "content": None}
             self.messages.append(last)
         if self.pending_reasoning:
-            last["reasoning_content"] = join_text(self.pending_reasoning)
+            last["reasoning_content"] = canonical.join_text(self.pending_reasoning)
             self.pending_reasoning = []
         return last
 
@@ -192,14 +180,16 @@ class _Builder:
     def _call(self, item: JSON, where: str) -> None:
         name = require_str(item.get("name"), f"{where}.name")
         ns = item.get("namespace")
-        canonical = self.names.get((ns, name), f"{ns}{NS_SEP}{name}") if isinstance(ns, str) and ns else name
+        engine_name = (
+            self.names.get((ns, name), f"{ns}{NS_SEP}{name}") if isinstance(ns, str) and ns else name
+        )
         if item.get("type") == "function_call":
             args = require_str(item.get("arguments"), f"{where}.arguments")
         else:
-            args = dumps_args({"input": require_str(item.get("input"), f"{where}.input")})
+            args = canonical.dumps_args({"input": require_str(item.get("input"), f"{where}.input")})
         msg = self.assistant()
         call_id = require_str(item.get("call_id"), f"{where}.call_id")
-        msg.setdefault("tool_calls", []).append(tool_call(call_id, canonical, args))
+        msg.setdefault("tool_calls", []).append(canonical.tool_call(call_id, engine_name, args))
 
     def _call_output(self, item: JSON, where: str) -> None:
         output = item.get("output")
@@ -208,7 +198,7 @@ class _Builder:
         if isinstance(text, list):
             images = [p for p in text if p["type"] != "text"]
             self.notes.append(f"{where}: images in a tool output moved to a following user message")
-            text = join_text([p["text"] for p in text if p["type"] == "text"])
+            text = canonical.join_text([p["text"] for p in text if p["type"] == "text"])
         call_id = require_str(item.get("call_id"), f"{where}.call_id")
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         if images:
@@ -226,23 +216,25 @@ def _tools(raw: object, notes: list[str], state: JSON) -> tuple[list[JSON], dict
             notes.append(f"{where} {kind!r} tool dropped: hosted tools do not run on the engine")
             return
         name = require_str(tool.get("name"), f"{where}.name")
-        canonical = f"{namespace}{NS_SEP}{name}" if namespace else name
+        engine_name = f"{namespace}{NS_SEP}{name}" if namespace else name
         if kind == "function":
-            tools.append(function_tool(canonical, tool.get("description"), tool.get("parameters")))
+            tools.append(
+                canonical.function_tool(engine_name, tool.get("description"), tool.get("parameters"))
+            )
             if isinstance(tool.get("strict"), bool):
                 tools[-1]["function"]["strict"] = tool["strict"]
         else:
             # A freeform tool: the model writes raw text, carried as one string argument.
             description = as_str(tool.get("description"))
             schema = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-            tools.append(function_tool(canonical, description, schema))
+            tools.append(canonical.function_tool(engine_name, description, schema))
             notes.append(
                 f"{where} custom (freeform) tool {name!r} offered as a function with one 'input' string"
             )
         if namespace or kind == "custom":
-            tool_map[canonical] = {"name": name, "namespace": namespace, "custom": kind == "custom"}
+            tool_map[engine_name] = {"name": name, "namespace": namespace, "custom": kind == "custom"}
             if namespace:
-                names[(namespace, name)] = canonical
+                names[(namespace, name)] = engine_name
 
     for _, where, tool in require_objects(raw, "tools"):
         if tool.get("type") == "namespace":
@@ -305,7 +297,7 @@ def _messages(body: JSON, notes: list[str], names: dict[tuple[str, str], str]) -
             "Send a user message in input.",
             param="input",
         )
-    return normalise_messages(builder.messages, notes)
+    return canonical.normalise_messages(builder.messages, notes)
 
 
 class OpenAIResponses(DialectBase):
@@ -330,10 +322,12 @@ class OpenAIResponses(DialectBase):
             out["tool_choice"] = _tool_choice(body["tool_choice"], names)
         if isinstance(body.get("parallel_tool_calls"), bool):
             out["parallel_tool_calls"] = body["parallel_tool_calls"]
-        finish_tools(out, tools, notes)
+        canonical.finish_tools(out, tools, notes)
         fmt = as_dict(as_dict(body.get("text")).get("format"))
         if fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-            out["response_format"] = json_schema_format(as_str(fmt.get("name"), "output"), fmt["schema"])
+            out["response_format"] = canonical.json_schema_format(
+                as_str(fmt.get("name"), "output"), fmt["schema"]
+            )
         request = canonical_request(out, body, notes, state)
         state.update({key: body.get(key) for key in ECHOED if body.get(key) is not None})
         return request
@@ -446,7 +440,7 @@ def _usage(u: Usage) -> JSON:
 
 def _custom_input(arguments: str) -> str:
     """The freeform text of a custom tool call: the ``input`` argument, else the raw arguments."""
-    value = loads_args(arguments).get("input")
+    value = canonical.loads_args(arguments).get("input")
     return value if isinstance(value, str) else arguments
 
 

@@ -560,17 +560,20 @@ class VLLMControlPlane:
         self._post("/shutdown_weight_transfer_engine")
 
 
+@dataclass(frozen=True)
+class NcclGroup:
+    """One NCCL transfer group: where it meets and how many ranks join (the trainer and vLLM's workers)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+
+
 class NcclTransport(Protocol):
     """Trainer side of the NCCL transfer; calls the control plane in vLLM's order."""
 
     def connect(
-        self,
-        control: VLLMControlPlane,
-        *,
-        master_address: str,
-        master_port: int,
-        world_size: int,
-        weights: Mapping[str, torch.Tensor],
+        self, control: VLLMControlPlane, group: NcclGroup, weights: Mapping[str, torch.Tensor]
     ) -> None:
         """Rendezvous: ``control.init_weight_transfer_engine`` concurrently with the trainer endpoint."""
         ...
@@ -595,13 +598,7 @@ class VLLMNcclTransport:
         self._source: _WeightSource | None = None
 
     def connect(
-        self,
-        control: VLLMControlPlane,
-        *,
-        master_address: str,
-        master_port: int,
-        world_size: int,
-        weights: Mapping[str, torch.Tensor],
+        self, control: VLLMControlPlane, group: NcclGroup, weights: Mapping[str, torch.Tensor]
     ) -> None:
         from fineenvs.engine.vllm_client import import_client
 
@@ -609,9 +606,9 @@ class VLLMNcclTransport:
         self._source = _state_dict_source(weights)
         # rank is this trainer process's rank in the transfer group: the single sender is rank 0.
         init = nccl.NCCLTrainerInitInfo(
-            master_address=master_address,
-            master_port=master_port,
-            world_size=world_size,
+            master_address=group.master_address,
+            master_port=group.master_port,
+            world_size=group.world_size,
             packed=self.packed,
             rank=0,
         )
@@ -694,13 +691,9 @@ class VLLMNcclWeightSync(_VLLMWeightSync):
     def _connect(self, weights: Mapping[str, torch.Tensor]) -> None:
         answer = _check(self.client.get(self.url + "/get_world_size"), "get_world_size").json()
         port = self.endpoint.master_port or free_port(self.endpoint.master_address)
-        self.transport.connect(
-            self.control,
-            master_address=self.endpoint.master_address,
-            master_port=port,
-            world_size=int(answer["world_size"]) + 1,  # the trainer is rank 0, vLLM's workers follow
-            weights=weights,
-        )
+        # The trainer is rank 0, vLLM's workers follow.
+        group = NcclGroup(self.endpoint.master_address, port, world_size=int(answer["world_size"]) + 1)
+        self.transport.connect(self.control, group, weights)
         self._connected = True
 
     def push(self, weights: Weights, version: int) -> int:

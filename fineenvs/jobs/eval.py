@@ -38,14 +38,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
 from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
@@ -455,23 +456,21 @@ async def aevaluate_checkpoint(
     return metrics
 
 
-def evaluate_checkpoint(
-    run: RunConfig,
-    checkpoint_dir: Path | str,
-    step: int,
-    *,
-    engine_url: str | None = None,
-    proxy_url: str | None = None,
-    served_model: str | None = None,
-    logger: MetricLogger | None = None,
-) -> dict[str, float]:
-    """Blocking form of :func:`aevaluate_checkpoint` (from a thread or a script, not inside a loop)."""
-    return asyncio.run(
-        aevaluate_checkpoint(
-            run, checkpoint_dir, step, engine_url=engine_url, proxy_url=proxy_url,
-            served_model=served_model, logger=logger,
-        )
-    )  # fmt: skip
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _blocking(coroutine_fn: Callable[P, Coroutine[object, object, R]]) -> Callable[P, R]:
+    """The blocking form of ``coroutine_fn``, for a thread or a script (not inside a running loop)."""
+
+    @functools.wraps(coroutine_fn)
+    def run_to_completion(*args: P.args, **kwargs: P.kwargs) -> R:
+        return asyncio.run(coroutine_fn(*args, **kwargs))
+
+    return run_to_completion
+
+
+evaluate_checkpoint = _blocking(aevaluate_checkpoint)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from fineenvs.engine.weights import (
     EmbeddedWeightSync,
     NcclEndpoint,
+    NcclGroup,
     VLLMControlPlane,
     VLLMFileTransferWeightSync,
     VLLMNcclWeightSync,
@@ -266,18 +267,12 @@ class FakeNccl:
         self.sent: list[list[str]] = []
 
     def connect(
-        self,
-        control: VLLMControlPlane,
-        *,
-        master_address: str,
-        master_port: int,
-        world_size: int,
-        weights: Mapping[str, torch.Tensor],
+        self, control: VLLMControlPlane, group: NcclGroup, weights: Mapping[str, torch.Tensor]
     ) -> None:
         self.control = control
-        self.connected.append((master_address, master_port, world_size))
-        payload = {"master_address": master_address, "master_port": master_port, "rank_offset": 1,
-                   "world_size": world_size, "packed": True}  # fmt: skip
+        self.connected.append((group.master_address, group.master_port, group.world_size))
+        payload = {"master_address": group.master_address, "master_port": group.master_port, "rank_offset": 1,
+                   "world_size": group.world_size, "packed": True}  # fmt: skip
         thread = threading.Thread(target=control.init_weight_transfer_engine, args=(payload,))
         thread.start()
         thread.join()
@@ -353,4 +348,4 @@ def test_nccl_transport_imports_vllm_only_when_used(tmp_path: Path, monkeypatch:
     transport = VLLMNcclTransport()  # constructing must not need vllm
     control = VLLMControlPlane("http://vllm", httpx.Client(transport=httpx.MockTransport(Recorder())))
     with pytest.raises(ImportError, match="install-vllm-client"):
-        transport.connect(control, master_address="127.0.0.1", master_port=1, world_size=2, weights={})
+        transport.connect(control, NcclGroup("127.0.0.1", 1, world_size=2), weights={})
