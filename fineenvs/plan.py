@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -361,7 +361,30 @@ def preflight(run: RunConfig) -> list[str]:
     problems += _harness_problems(run)
     problems += _teacher_collection_problems(run)
     problems += _attached_engine_problems(run)
+    problems += _task_selection_problems(run)
     return problems
+
+
+def _task_selection_problems(run: RunConfig) -> list[str]:
+    """The task settings against the tasks themselves, where they can be read without the Hub:
+    the generated sets (made in the cache on first use, in about a second) and a local path."""
+    from fineenvs.tasks import TaskError
+    from fineenvs.tasks.selection import select_tasks
+
+    if run.tasks.path is None and run.tasks.name not in ("demo", "mini"):
+        return []  # the Hub set: checked when the job has downloaded it
+    if run.job not in (Job.rl, Job.collect_teacher, Job.eval):
+        return []
+    try:
+        if run.job is Job.eval:
+            select_tasks(replace(run.tasks, limit=run.eval.limit), run.eval.split)
+        else:
+            select_tasks(run.tasks)
+    except TaskError as err:
+        return [str(err)]
+    except OSError as err:
+        return [f"tasks.path={run.tasks.path} cannot be read ({err}); point it at a task set directory"]
+    return []
 
 
 def _attached_engine_problems(run: RunConfig) -> list[str]:

@@ -341,7 +341,10 @@ def run_history() -> Measure:
 
 
 _SECTIONS = "job|model|engine|proxy|harness|tasks|sampling|reward|trainer|scheduler|rows|logger|eval|recipe"
-_NAMES_A_SETTING = re.compile(rf"\b(?:{_SECTIONS})(?:\.[a-z_]+)+\b|\bjob=")
+# A dotted key names a setting; a file name (model.safetensors, tasks.json) does not.
+_NAMES_A_SETTING = re.compile(
+    rf"\b(?:{_SECTIONS})(?:\.(?!safetensors\b|jsonl?\b|ya?ml\b|py\b)[a-z_]+)+\b|\bjob="
+)
 
 
 def _message_start(call: ast.Call) -> str:

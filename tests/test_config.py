@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from fineenvs.config import (
 )
 from fineenvs.paths import CONF_DIR, REPO_ROOT
 from fineenvs.plan import describe_plan, preflight
+from fineenvs.tasks import TaskError
+from fineenvs.tasks.selection import select_tasks
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 ALL_HARNESSES = sorted(
@@ -449,3 +452,21 @@ def test_the_wire_formats_are_named_once() -> None:
     assert list(DIALECTS) == [f.value for f in ApiFormat] == list(API_FORMATS)
     assert all(name == dialect.name for name, dialect in DIALECTS.items())
     assert all(set(h.api_formats) <= set(API_FORMATS) for h in HARNESSES.values())
+
+
+def test_the_dry_run_reports_a_task_selection_that_selects_nothing(tmp_path: Path) -> None:
+    """The preflight loads the tasks it can read offline (the generated sets, a local path) with the
+    job's own loader, so ``dry_run=true`` shows what the job would otherwise raise when it starts."""
+    ok = load("+experiment=smoke", f"output_dir={tmp_path}")
+    assert not [p for p in preflight(ok) if "selects no task" in p]
+    for job_overrides in (["tasks.limit=0"], ["job=eval", "eval.split=test", "eval.limit=0"]):
+        run = load("+experiment=smoke", *job_overrides, f"output_dir={tmp_path}")
+        problems = [p for p in preflight(run) if "selects no task" in p]
+        assert len(problems) == 1 and "Fix:" in problems[0], (job_overrides, preflight(run))
+        with pytest.raises(TaskError, match="selects no task"):
+            if run.job is Job.eval:
+                select_tasks(replace(run.tasks, limit=run.eval.limit), run.eval.split)
+            else:
+                select_tasks(run.tasks)
+    missing = load("+experiment=smoke", f"tasks.path={tmp_path / 'nowhere'}", f"output_dir={tmp_path}")
+    assert [p for p in preflight(missing) if "tasks" in p], preflight(missing)

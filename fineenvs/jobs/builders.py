@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from fineenvs.engine.handle import EngineHandle
     from fineenvs.engine.weights import WeightSync
     from fineenvs.rewards import RewardResult
-    from fineenvs.tasks.model import Task
 
 
 def resolve_model_dir(run: RunConfig) -> Path:
@@ -35,25 +34,6 @@ def resolve_model_dir(run: RunConfig) -> Path:
 
         return model_builder().ensure(m.path, seed=m.seed)
     return Path(m.path)
-
-
-def load_run_tasks(run: RunConfig, split: str | None = None) -> list[Task]:
-    """The run's tasks in their fixed order: filters, then the training subset, then ``tasks.limit``."""
-    from fineenvs.tasks import TaskFilter, TrainingSubset, load_tasks
-
-    t = run.tasks
-    split = split or t.split
-    filters = TaskFilter(difficulties=tuple(t.difficulties)) if t.difficulties else None
-    subset = None
-    if split == "train" and t.subset is not None:
-        counts = t.subsets[t.subset]
-        subset = TrainingSubset(t.subset, counts.easy, counts.medium, counts.hard)
-    return list(
-        load_tasks(
-            t.name, split=split, path=t.path, revision=t.revision, filters=filters, seed=t.seed,
-            subset=subset, limit=t.limit,
-        )
-    )  # fmt: skip
 
 
 def start_engine(

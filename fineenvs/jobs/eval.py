@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from fineenvs.config import EngineKind, ModelSource, RunConfig
-from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir
+from fineenvs.jobs.builders import resolve_model_dir
 from fineenvs.jobs.errors import EvalError, RunAborted
 from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
 from fineenvs.jsonl import JsonObject
@@ -68,6 +68,7 @@ from fineenvs.results import (
 from fineenvs.rollout.attempt import ProxyAttemptRunner
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
+from fineenvs.tasks.selection import select_tasks
 from fineenvs.trajectory import Row, RowOptions
 from fineenvs.trajectory.record import CallRecord
 
@@ -230,16 +231,8 @@ def resolve_checkpoints(run: RunConfig) -> list[tuple[str, RunConfig]]:
 
 
 def eval_tasks(run: RunConfig, limit: int | None) -> list[Task]:
-
-    tasks = load_run_tasks(
-        dataclasses.replace(run, tasks=dataclasses.replace(run.tasks, limit=limit)), run.eval.split
-    )
-    if not tasks:
-        raise EvalError(
-            f"the {run.tasks.name} split {run.eval.split!r} has no tasks (eval.limit={limit}). "
-            "Fix: eval.split=test, or a tasks set that has that split"
-        )
-    return tasks
+    """The first ``limit`` tasks of ``eval.split`` (evaluation's limit replaces ``tasks.limit``)."""
+    return select_tasks(dataclasses.replace(run.tasks, limit=limit), run.eval.split)
 
 
 def _slug(checkpoint: str) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fineenvs.config import VLLM_WEIGHT_SYNCS, ModelSource, RunConfig, WeightSyncKind, engine_dtype
-from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
+from fineenvs.jobs.builders import resolve_model_dir, row_options
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.jobs.runtime import JobRuntime, Probe, check_harnesses, job_runtime
 from fineenvs.jsonl import JsonObject, append_jsonl
@@ -38,6 +38,7 @@ from fineenvs.plan import effective_weight_sync
 from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, schedule_hash
 from fineenvs.rollout.scheduler import GroupOutcome, RolloutScheduler, RolloutState
 from fineenvs.tasks.model import Task
+from fineenvs.tasks.selection import select_tasks
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.trajectory import RowOptions
 
@@ -313,7 +314,7 @@ class _Plan:
 
 def _plan(run: RunConfig) -> _Plan:
     scheduler = run.scheduler
-    tasks = load_run_tasks(run)
+    tasks = select_tasks(run.tasks)
     names = tuple(run.harness)
     schedule = build_schedule(
         [task.task_id for task in tasks],

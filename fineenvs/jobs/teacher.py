@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fineenvs.config import RunConfig
-from fineenvs.jobs.builders import load_run_tasks, resolve_model_dir, row_options
+from fineenvs.jobs.builders import resolve_model_dir, row_options
 from fineenvs.jobs.errors import CollectionAborted, RunAborted
 from fineenvs.jobs.runtime import Probe, job_runtime
 from fineenvs.jsonl import JsonObject, append_jsonl, read_jsonl
@@ -32,6 +32,7 @@ from fineenvs.metrics import write_summary
 from fineenvs.plan import TEACHER_MANIFEST
 from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.rollout.scheduler import AttemptOutcome, AttemptPool, AttemptRunner
+from fineenvs.tasks.selection import select_tasks
 from fineenvs.train.sft_config import SFTSettings
 
 PAIRS_LOG = "teacher_pairs.jsonl"
@@ -45,7 +46,8 @@ def teacher_pairs(
         # A run's trainer.teacher_attempts_per_task is checked at compose time (SFTSettings).
         raise ValueError(f"attempts_per_task must be >= 1, got {attempts_per_task}")
     if not task_ids:
-        raise ValueError("the task list is empty: nothing to collect (check tasks.* filters and tasks.limit)")
+        # A run never gets here with none: select_tasks refuses an empty selection.
+        raise ValueError("teacher_pairs needs at least one task id")
     if not harnesses:
         raise ValueError("no harness configured: teacher collection needs at least one (harness=paper_mix)")
     groups: list[PlannedGroup] = []
@@ -252,7 +254,7 @@ async def _collect_teacher(run: RunConfig) -> float:
     assert isinstance(t, SFTSettings) and "correctness" in run.reward.terms, "validate() requires both"
     out = Path(str(run.output_dir))
     out.mkdir(parents=True, exist_ok=True)
-    tasks = load_run_tasks(run)
+    tasks = select_tasks(run.tasks)
     groups = teacher_pairs([task.task_id for task in tasks], list(run.harness), t.teacher_attempts_per_task)
     attempts_dir = out / "attempts"
     todo = pending_pairs(groups, out)

@@ -60,9 +60,8 @@ def build_schedule(
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1 (got {group_size})")
     if not task_ids:
-        raise ValueError(
-            "the task list is empty: nothing to schedule (check tasks.* filters and tasks.limit)"
-        )
+        # A run never gets here with none: select_tasks refuses an empty selection.
+        raise ValueError("build_schedule needs at least one task id")
     if len(set(task_ids)) != len(task_ids):
         raise ValueError("task ids must be unique within a schedule")
     if selection not in ("rotation", "weighted", "shuffled"):
