@@ -36,6 +36,16 @@ EDIT_FORMAT = "whole"
 APPLIED = re.compile(r"^> Applied edit to (.+)$", re.MULTILINE)
 # litellm's names for the endpoint variables.
 LITELLM_URL_ENV = {OPENAI_CHAT: "OPENAI_API_BASE", ANTHROPIC_MESSAGES: "ANTHROPIC_API_BASE"}
+# Unattended without git (yes to every question, no commits), offline, plain output, no repo map.
+UNATTENDED_FLAGS = ("--yes-always", "--no-git", "--no-auto-commits", "--no-gitignore")
+OFFLINE_FLAGS = ("--no-check-update", "--analytics-disable")
+PLAIN_FLAGS = ("--no-show-model-warnings", "--no-show-release-notes", "--no-pretty", "--no-fancy-input")
+HEADLESS_FLAGS = (*UNATTENDED_FLAGS, *OFFLINE_FLAGS, *PLAIN_FLAGS, "--map-tokens", "0")
+HISTORY_FLAGS = {
+    "--chat-history-file": CHAT_HISTORY,
+    "--llm-history-file": LLM_HISTORY,
+    "--input-history-file": ".aider/input.history",
+}
 
 
 def _model_name(fmt: str, model: str) -> str:
@@ -60,39 +70,13 @@ class Aider(PypiHarness):
         }
         return {METADATA: {_model_name(fmt, launch.model): metadata}}
 
-    def command(self, launch: Launch) -> list[str]:
-        fmt = self.check_format(launch.api_format)
-        return [
-            str(self.binary_path),
-            "--model",
-            _model_name(fmt, launch.model),
-            "--weak-model",
-            _model_name(fmt, launch.model),
-            "--model-metadata-file",
-            str(launch.home / METADATA),
-            "--edit-format",
-            EDIT_FORMAT,
-            "--message",
-            launch.task_prompt,
-            "--yes-always",
-            "--no-git",
-            "--no-auto-commits",
-            "--no-gitignore",
-            "--no-check-update",
-            "--analytics-disable",
-            "--no-show-model-warnings",
-            "--no-show-release-notes",
-            "--no-pretty",
-            "--no-fancy-input",
-            "--map-tokens",
-            "0",
-            "--chat-history-file",
-            str(launch.home / CHAT_HISTORY),
-            "--llm-history-file",
-            str(launch.home / LLM_HISTORY),
-            "--input-history-file",
-            str(launch.home / ".aider" / "input.history"),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        model = _model_name(self.check_format(launch.api_format), launch.model)
+        metadata = str(launch.home / METADATA)
+        models = ["--model", model, "--weak-model", model, "--model-metadata-file", metadata]
+        message = ["--edit-format", EDIT_FORMAT, "--message", launch.task_prompt]
+        histories = [arg for flag, name in HISTORY_FLAGS.items() for arg in (flag, str(launch.home / name))]
+        return [*models, *message, *HEADLESS_FLAGS, *histories]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)

@@ -129,7 +129,7 @@ class Description(TypedDict):
 class Harness(ABC):
     """One coding-agent CLI at a pinned version.
 
-    Subclasses set the class attributes and implement ``command``, and name what else differs:
+    Subclasses set the class attributes and implement ``arguments``, and name what else differs:
     the config files (:meth:`config_files`, or ``write_config`` where a dict will not do) and the
     agent's variables (:meth:`agent_env`), which ``env`` adds on top of :meth:`base_env`, built
     from scratch so the parent's API keys and other secrets never reach the agent.
@@ -241,9 +241,13 @@ class Harness(ABC):
         any other as JSON, which is valid YAML too), for the checked format ``fmt``."""
         return {}
 
-    @abstractmethod
     def command(self, launch: Launch) -> list[str]:
-        """The argv that runs the agent headless on one task (step_limit where a flag honours it)."""
+        """The argv that runs the agent headless on one task."""
+        return [str(self.binary_path), *self.arguments(launch)]
+
+    @abstractmethod
+    def arguments(self, launch: Launch) -> list[str]:
+        """The agent's arguments for one task (step_limit where a flag honours it)."""
 
     def env(self, launch: Launch) -> dict[str, str]:
         """The agent's complete environment (built from scratch; see :meth:`base_env`)."""

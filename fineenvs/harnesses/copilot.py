@@ -36,6 +36,12 @@ from fineenvs.jsonl import JsonObject
 
 PKG_CACHE = "pkg-cache"
 TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_MESSAGES: "anthropic"}
+# Every tool on every path without a question: nobody is there to answer.
+PERMISSION_FLAGS = ("--allow-all-tools", "--allow-all-paths", "--no-ask-user")
+# Nothing from GitHub or the user's setup: no update, telemetry, instruction files or built-in MCPs.
+OFFLINE_FLAGS = ("--no-auto-update", "--disable-client-telemetry")
+SETUP_FLAGS = ("--no-custom-instructions", "--disable-builtin-mcps")
+HEADLESS_FLAGS = (*PERMISSION_FLAGS, *OFFLINE_FLAGS, *SETUP_FLAGS, "--output-format", "json")
 
 
 class Copilot(NpmHarness):
@@ -70,27 +76,9 @@ class Copilot(NpmHarness):
         # Everything is in the environment; the home only needs to exist.
         (launch.home / ".copilot").mkdir(parents=True, exist_ok=True)
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--model",
-            launch.model,
-            "--allow-all-tools",
-            "--allow-all-paths",
-            "--no-ask-user",
-            "--no-auto-update",
-            "--disable-client-telemetry",
-            "--no-custom-instructions",
-            "--disable-builtin-mcps",
-            "--output-format",
-            "json",
-            "--log-dir",
-            str(launch.home / ".copilot" / "logs"),
-            "-C",
-            str(launch.workdir),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        dirs = ["--log-dir", str(launch.home / ".copilot" / "logs"), "-C", str(launch.workdir)]
+        return ["-p", launch.task_prompt, "--model", launch.model, *HEADLESS_FLAGS, *dirs]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)

@@ -21,6 +21,9 @@ def gemini_settings(auth_type: str, step_limit: int | None) -> JsonObject:
     return settings
 
 
+HEADLESS_FLAGS = ("--yolo", "--output-format", "json")
+
+
 class GeminiCli(NpmHarness):
     name = "gemini_cli"
     honours_step_limit = True  # model.maxSessionTurns
@@ -29,18 +32,9 @@ class GeminiCli(NpmHarness):
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         return {".gemini/settings.json": gemini_settings("gemini-api-key", launch.step_limit)}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         # -m pins the model: without it a router side call (wanting JSON) comes first.
-        return [
-            str(self.binary_path),
-            "-m",
-            launch.model,
-            "-p",
-            launch.task_prompt,
-            "--yolo",
-            "--output-format",
-            "json",
-        ]
+        return ["-m", launch.model, "-p", launch.task_prompt, *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {

@@ -25,6 +25,7 @@ MODE_BY_FORMAT = {
     OPENAI_RESPONSES: "codex_responses",
 }
 CONTEXT_LENGTH = 200000
+HEADLESS_FLAGS = ("--yolo",)
 
 
 class Hermes(PypiHarness):
@@ -56,8 +57,8 @@ class Hermes(PypiHarness):
         }
         return {".hermes/config.yaml": config}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path), "-z", launch.task_prompt, "--yolo"]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-z", launch.task_prompt, *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {

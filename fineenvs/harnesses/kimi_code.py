@@ -46,6 +46,7 @@ TYPE_BY_FORMAT = {
 RIPGREP = "ripgrep==14.1.0"
 RIPGREP_DIR = "ripgrep"
 CONTEXT_SIZE = 200000
+HEADLESS_FLAGS = ("--output-format", "stream-json")
 
 
 class KimiCode(NpmHarness):
@@ -86,8 +87,8 @@ class KimiCode(NpmHarness):
             ".kimi-code/tui.toml": {"upgrade": {"auto_install": False}},
         }
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path), "-p", launch.task_prompt, "--output-format", "stream-json"]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-p", launch.task_prompt, *HEADLESS_FLAGS]
 
     def env(self, launch: Launch) -> dict[str, str]:
         env = super().env(launch)

@@ -17,6 +17,7 @@ from fineenvs.jsonl import JsonObject
 # Never call the provider `openai`: opencode then routes to its own Responses client and dies
 # ("Z.responses is not a function", published system §4.11).
 PROVIDER = "fineenvs"
+HEADLESS_FLAGS = ("run", "--format", "json")
 SDK_BY_FORMAT = {
     OPENAI_CHAT: "@ai-sdk/openai-compatible",
     OPENAI_RESPONSES: "@ai-sdk/openai",
@@ -79,19 +80,10 @@ class OpenCode(NpmHarness):
         """Keys a fork adds to the config."""
         return {}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
+        flags = [*HEADLESS_FLAGS, *self.run_flags, "--model", f"{PROVIDER}/{launch.model}"]
         # One quoted argument reaches the model with literal quotes around it; words do not.
-        return [
-            str(self.binary_path),
-            "run",
-            "--format",
-            "json",
-            *self.run_flags,
-            "--model",
-            f"{PROVIDER}/{launch.model}",
-            *self.workdir_flags(launch),
-            *launch.task_prompt.split(),
-        ]
+        return [*flags, *self.workdir_flags(launch), *launch.task_prompt.split()]
 
     def workdir_flags(self, launch: Launch) -> list[str]:
         """OpenCode runs in its working directory; a fork may name it."""

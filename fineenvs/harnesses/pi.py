@@ -16,6 +16,7 @@ from fineenvs.jsonl import JsonObject
 
 PROVIDER = "fineenvs"
 KEY_ENV = "FINEENVS_SESSION_KEY"
+HEADLESS_FLAGS = ("--mode", "json")
 API_BY_FORMAT = {
     OPENAI_CHAT: "openai-completions",
     OPENAI_RESPONSES: "openai-responses",
@@ -40,16 +41,8 @@ class Pi(NpmHarness):
         }
         return {".pi/agent/models.json": {"providers": {PROVIDER: provider}}}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--model",
-            f"{PROVIDER}/{launch.model}",
-            "--mode",
-            "json",
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-p", launch.task_prompt, "--model", f"{PROVIDER}/{launch.model}", *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {KEY_ENV: launch.session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"}

@@ -16,7 +16,7 @@ from fineenvs.harnesses.base import (
 )
 from fineenvs.harnesses.claude_code import read_stream_json
 from fineenvs.harnesses.files import read_text
-from fineenvs.harnesses.gemini_cli import gemini_settings
+from fineenvs.harnesses.gemini_cli import HEADLESS_FLAGS, gemini_settings
 from fineenvs.jsonl import JsonObject
 
 AUTH_BY_FORMAT = {OPENAI_CHAT: "openai", ANTHROPIC_MESSAGES: "anthropic", GEMINI: "gemini"}
@@ -31,19 +31,16 @@ class QwenCode(NpmHarness):
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         return {".qwen/settings.json": gemini_settings(AUTH_BY_FORMAT[fmt], launch.step_limit)}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         fmt = self.check_format(launch.api_format)
         return [
-            str(self.binary_path),
             "--auth-type",
             AUTH_BY_FORMAT[fmt],
             "-m",
             launch.model,
             "-p",
             launch.task_prompt,
-            "--yolo",
-            "--output-format",
-            "json",
+            *HEADLESS_FLAGS,
         ]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:

@@ -32,8 +32,8 @@ class TinyNpm(Harness):
     def write_config(self, launch: Launch) -> None:
         pass
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path)]
+    def arguments(self, launch: Launch) -> list[str]:
+        return []
 
     def warm_argv(self) -> list[str]:
         return [str(self.binary_path), "1.2.3"]

@@ -45,7 +45,10 @@ class ScriptHarness(Harness):
         (launch.home / "agent.conf").write_text(f"url={launch.base_url}\n")
 
     def command(self, launch: Launch) -> list[str]:
-        return ["/bin/sh", "-c", self.script]
+        return ["/bin/sh", *self.arguments(launch)]
+
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-c", self.script]
 
     def env(self, launch: Launch) -> dict[str, str]:
         env = self.base_env(launch.home)
