@@ -25,6 +25,8 @@ HEADLESS_FLAGS = ("--yolo", "--output-format", "json")
 
 
 class GeminiCli(NpmHarness):
+    """Gemini CLI, and the base of its fork Qwen Code, which keeps its command line."""
+
     name = "gemini_cli"
     honours_step_limit = True  # model.maxSessionTurns
     output_detail = "--output-format json"
