@@ -19,10 +19,12 @@ from pathlib import Path
 from fineenvs.harnesses.base import (
     ANTHROPIC_MESSAGES,
     LITELLM_OFFLINE,
+    LITELLM_PROVIDER,
     OPENAI_CHAT,
     Launch,
     Outputs,
     PypiHarness,
+    litellm_model,
     sdk_env,
 )
 from fineenvs.harnesses.files import read_text
@@ -48,11 +50,6 @@ HISTORY_FLAGS = {
 }
 
 
-def _model_name(fmt: str, model: str) -> str:
-    """litellm's name: the provider prefix picks the client (Chat or Messages)."""
-    return f"{'openai' if fmt == OPENAI_CHAT else 'anthropic'}/{model}"
-
-
 class Aider(PypiHarness):
     name = "aider"
     actions_in_text = True
@@ -65,13 +62,13 @@ class Aider(PypiHarness):
             "max_output_tokens": 8192,
             "input_cost_per_token": 0,
             "output_cost_per_token": 0,
-            "litellm_provider": "openai" if fmt == OPENAI_CHAT else "anthropic",
+            "litellm_provider": LITELLM_PROVIDER[fmt],
             "mode": "chat",
         }
-        return {METADATA: {_model_name(fmt, launch.model): metadata}}
+        return {METADATA: {litellm_model(fmt, launch.model): metadata}}
 
     def arguments(self, launch: Launch) -> list[str]:
-        model = _model_name(self.check_format(launch.api_format), launch.model)
+        model = litellm_model(self.check_format(launch.api_format), launch.model)
         metadata = str(launch.home / METADATA)
         models = ["--model", model, "--weak-model", model, "--model-metadata-file", metadata]
         message = ["--edit-format", EDIT_FORMAT, "--message", launch.task_prompt]

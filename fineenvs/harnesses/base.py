@@ -81,6 +81,13 @@ SDK_URL_ENV = {
 }
 # litellm's own switches: its bundled model price list instead of a download, no telemetry.
 LITELLM_OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+# litellm's provider prefix of a model name picks its client.
+LITELLM_PROVIDER = {OPENAI_CHAT: "openai", ANTHROPIC_MESSAGES: "anthropic"}
+
+
+def litellm_model(fmt: str, model: str) -> str:
+    """The served model as litellm names it for ``fmt`` (Chat or Messages)."""
+    return f"{LITELLM_PROVIDER[fmt]}/{model}"
 
 
 @dataclass(frozen=True)

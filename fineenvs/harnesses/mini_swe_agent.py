@@ -6,11 +6,11 @@ from pathlib import Path
 
 from fineenvs.harnesses.base import (
     LITELLM_OFFLINE,
-    OPENAI_CHAT,
     SDK_KEY_ENV,
     Launch,
     Outputs,
     PypiHarness,
+    litellm_model,
     sdk_base_url,
 )
 from fineenvs.harnesses.files import read_json_object, typed_blocks
@@ -36,8 +36,7 @@ class MiniSweAgent(PypiHarness):
         return {PARAMS: params}
 
     def arguments(self, launch: Launch) -> list[str]:
-        fmt = self.check_format(launch.api_format)
-        model = f"{'openai' if fmt == OPENAI_CHAT else 'anthropic'}/{launch.model}"
+        model = litellm_model(self.check_format(launch.api_format), launch.model)
         # -c replaces the default config, so the built-in mini.yaml must come first.
         files = ["-c", "mini.yaml", "-c", str(launch.home / PARAMS), "-o", str(launch.home / TRAJECTORY)]
         return ["-m", model, "-t", launch.task_prompt, *HEADLESS_FLAGS, *files]
