@@ -16,11 +16,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
     LITELLM_OFFLINE,
     LITELLM_PROVIDER,
-    OPENAI_CHAT,
     Launch,
     Outputs,
     PypiHarness,
@@ -37,7 +36,10 @@ EDIT_FORMAT = "whole"
 # What aider writes to its chat history after applying an edit to a file.
 APPLIED = re.compile(r"^> Applied edit to (.+)$", re.MULTILINE)
 # litellm's names for the endpoint variables.
-LITELLM_URL_ENV = {OPENAI_CHAT: "OPENAI_API_BASE", ANTHROPIC_MESSAGES: "ANTHROPIC_API_BASE"}
+LITELLM_URL_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_API_BASE",
+    ApiFormat.anthropic_messages: "ANTHROPIC_API_BASE",
+}
 # Unattended without git (yes to every question, no commits), offline, plain output, no repo map.
 UNATTENDED_FLAGS = ("--yes-always", "--no-git", "--no-auto-commits", "--no-gitignore")
 OFFLINE_FLAGS = ("--no-check-update", "--analytics-disable")

@@ -22,20 +22,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    HarnessConfigError,
-    Launch,
-    NpmHarness,
-    node_bin_dir,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import HarnessConfigError, Launch, NpmHarness, node_bin_dir, sdk_base_url
 from fineenvs.jsonl import JsonObject
 
 PKG_CACHE = "pkg-cache"
-TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_MESSAGES: "anthropic"}
+TYPE_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.openai_responses: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
+}
 # Every tool on every path without a question: nobody is there to answer.
 PERMISSION_FLAGS = ("--allow-all-tools", "--allow-all-paths", "--no-ask-user")
 # Nothing from GitHub or the user's setup: no update, telemetry, instruction files or built-in MCPs.
@@ -55,7 +51,7 @@ class Copilot(NpmHarness):
 
     def check_format(self, api_format: str) -> str:
         fmt = super().check_format(api_format)
-        if self.transport == "websocket" and fmt != OPENAI_RESPONSES:
+        if self.transport == "websocket" and fmt != ApiFormat.openai_responses:
             raise HarnessConfigError(
                 f"copilot speaks {fmt} over HTTP only: its WebSocket transport carries Responses; "
                 "set api_format=openai_responses or use the http transport"
@@ -94,8 +90,9 @@ class Copilot(NpmHarness):
             "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
             "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
         }
-        if fmt != ANTHROPIC_MESSAGES:
-            env["COPILOT_PROVIDER_WIRE_API"] = "responses" if fmt == OPENAI_RESPONSES else "completions"
+        if fmt != ApiFormat.anthropic_messages:
+            wire_api = "responses" if fmt == ApiFormat.openai_responses else "completions"
+            env["COPILOT_PROVIDER_WIRE_API"] = wire_api
         if self.transport == "websocket":
             env["COPILOT_PROVIDER_TRANSPORT"] = "websockets"
         return env

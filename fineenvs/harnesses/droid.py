@@ -16,20 +16,14 @@ Not covered: a step limit (droid exec has none), Gemini (a custom model with ``p
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_base_url
 from fineenvs.jsonl import JsonObject
 
-PROVIDER_BY_FORMAT = {
-    OPENAI_CHAT: "generic-chat-completion-api",
-    OPENAI_RESPONSES: "openai",
-    ANTHROPIC_MESSAGES: "anthropic",
+PROVIDER_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "generic-chat-completion-api",
+    ApiFormat.openai_responses: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
 }
 BINARY_PACKAGE = "@factory/cli-linux-x64"
 BINARY_VERSION = "0.225.2"

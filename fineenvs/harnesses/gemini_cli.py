@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import GEMINI, Launch, NpmHarness, sdk_env
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_env
 from fineenvs.harnesses.files import json_from
 from fineenvs.jsonl import JsonObject
 
@@ -40,7 +41,7 @@ class GeminiCli(NpmHarness):
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {
-            **sdk_env(launch, GEMINI),
+            **sdk_env(launch, ApiFormat.gemini),
             "GEMINI_CLI_TRUST_WORKSPACE": "true",
             "GEMINI_CLI_NO_RELAUNCH": "true",
         }

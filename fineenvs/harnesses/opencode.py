@@ -2,32 +2,24 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    strip_v1,
-    with_v1,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, strip_v1, with_v1
 from fineenvs.jsonl import JsonObject
 
 # Never call the provider `openai`: opencode then routes to its own Responses client and dies
 # ("Z.responses is not a function", published system §4.11).
 PROVIDER = "fineenvs"
 HEADLESS_FLAGS = ("run", "--format", "json")
-SDK_BY_FORMAT = {
-    OPENAI_CHAT: "@ai-sdk/openai-compatible",
-    OPENAI_RESPONSES: "@ai-sdk/openai",
-    ANTHROPIC_MESSAGES: "@ai-sdk/anthropic",
-    GEMINI: "@ai-sdk/google",
+SDK_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "@ai-sdk/openai-compatible",
+    ApiFormat.openai_responses: "@ai-sdk/openai",
+    ApiFormat.anthropic_messages: "@ai-sdk/anthropic",
+    ApiFormat.gemini: "@ai-sdk/google",
 }
 
 
 def _base_for(fmt: str, base_url: str) -> str:
-    if fmt == GEMINI:
+    if fmt == ApiFormat.gemini:
         return strip_v1(base_url) + "/v1beta"
     return with_v1(base_url)
 

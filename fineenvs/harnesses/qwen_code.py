@@ -8,22 +8,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    Launch,
-    Outputs,
-    sdk_env,
-    transcript_outputs,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, Outputs, sdk_env, transcript_outputs
 from fineenvs.harnesses.claude_code import read_stream_json
 from fineenvs.harnesses.files import read_text
 from fineenvs.harnesses.gemini_cli import GeminiCli, gemini_settings
 from fineenvs.jsonl import JsonObject
 
-AUTH_BY_FORMAT = {OPENAI_CHAT: "openai", ANTHROPIC_MESSAGES: "anthropic", GEMINI: "gemini"}
-MODEL_ENV = {OPENAI_CHAT: "OPENAI_MODEL", ANTHROPIC_MESSAGES: "ANTHROPIC_MODEL"}
+AUTH_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
+    ApiFormat.gemini: "gemini",
+}
+MODEL_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_MODEL",
+    ApiFormat.anthropic_messages: "ANTHROPIC_MODEL",
+}
 
 
 class QwenCode(GeminiCli):
