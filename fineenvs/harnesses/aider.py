@@ -16,13 +16,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
     LITELLM_OFFLINE,
-    OPENAI_CHAT,
+    LITELLM_PROVIDER,
     Launch,
     Outputs,
     PypiHarness,
+    litellm_model,
     sdk_env,
 )
 from fineenvs.harnesses.files import read_text
@@ -35,12 +36,20 @@ EDIT_FORMAT = "whole"
 # What aider writes to its chat history after applying an edit to a file.
 APPLIED = re.compile(r"^> Applied edit to (.+)$", re.MULTILINE)
 # litellm's names for the endpoint variables.
-LITELLM_URL_ENV = {OPENAI_CHAT: "OPENAI_API_BASE", ANTHROPIC_MESSAGES: "ANTHROPIC_API_BASE"}
-
-
-def _model_name(fmt: str, model: str) -> str:
-    """litellm's name: the provider prefix picks the client (Chat or Messages)."""
-    return f"{'openai' if fmt == OPENAI_CHAT else 'anthropic'}/{model}"
+LITELLM_URL_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_API_BASE",
+    ApiFormat.anthropic_messages: "ANTHROPIC_API_BASE",
+}
+# Unattended without git (yes to every question, no commits), offline, plain output, no repo map.
+UNATTENDED_FLAGS = ("--yes-always", "--no-git", "--no-auto-commits", "--no-gitignore")
+OFFLINE_FLAGS = ("--no-check-update", "--analytics-disable")
+PLAIN_FLAGS = ("--no-show-model-warnings", "--no-show-release-notes", "--no-pretty", "--no-fancy-input")
+HEADLESS_FLAGS = (*UNATTENDED_FLAGS, *OFFLINE_FLAGS, *PLAIN_FLAGS, "--map-tokens", "0")
+HISTORY_FLAGS = {
+    "--chat-history-file": CHAT_HISTORY,
+    "--llm-history-file": LLM_HISTORY,
+    "--input-history-file": ".aider/input.history",
+}
 
 
 class Aider(PypiHarness):
@@ -55,44 +64,18 @@ class Aider(PypiHarness):
             "max_output_tokens": 8192,
             "input_cost_per_token": 0,
             "output_cost_per_token": 0,
-            "litellm_provider": "openai" if fmt == OPENAI_CHAT else "anthropic",
+            "litellm_provider": LITELLM_PROVIDER[fmt],
             "mode": "chat",
         }
-        return {METADATA: {_model_name(fmt, launch.model): metadata}}
+        return {METADATA: {litellm_model(fmt, launch.model): metadata}}
 
-    def command(self, launch: Launch) -> list[str]:
-        fmt = self.check_format(launch.api_format)
-        return [
-            str(self.binary_path),
-            "--model",
-            _model_name(fmt, launch.model),
-            "--weak-model",
-            _model_name(fmt, launch.model),
-            "--model-metadata-file",
-            str(launch.home / METADATA),
-            "--edit-format",
-            EDIT_FORMAT,
-            "--message",
-            launch.task_prompt,
-            "--yes-always",
-            "--no-git",
-            "--no-auto-commits",
-            "--no-gitignore",
-            "--no-check-update",
-            "--analytics-disable",
-            "--no-show-model-warnings",
-            "--no-show-release-notes",
-            "--no-pretty",
-            "--no-fancy-input",
-            "--map-tokens",
-            "0",
-            "--chat-history-file",
-            str(launch.home / CHAT_HISTORY),
-            "--llm-history-file",
-            str(launch.home / LLM_HISTORY),
-            "--input-history-file",
-            str(launch.home / ".aider" / "input.history"),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        model = litellm_model(self.check_format(launch.api_format), launch.model)
+        metadata = str(launch.home / METADATA)
+        models = ["--model", model, "--weak-model", model, "--model-metadata-file", metadata]
+        message = ["--edit-format", EDIT_FORMAT, "--message", launch.task_prompt]
+        histories = [arg for flag, name in HISTORY_FLAGS.items() for arg in (flag, str(launch.home / name))]
+        return [*models, *message, *HEADLESS_FLAGS, *histories]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)

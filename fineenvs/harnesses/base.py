@@ -24,11 +24,6 @@ from fineenvs.paths import harness_cache, installed_version, read_marker
 
 Registry = Literal["npm", "pypi"]
 
-# The four wire formats the proxy speaks (fineenvs.api_formats), by the names adapters use.
-OPENAI_CHAT = ApiFormat.openai_chat.value
-OPENAI_RESPONSES = ApiFormat.openai_responses.value
-ANTHROPIC_MESSAGES = ApiFormat.anthropic_messages.value
-GEMINI = ApiFormat.gemini.value
 API_FORMATS = tuple(f.value for f in ApiFormat)
 
 
@@ -63,24 +58,35 @@ def with_v1(base_url: str) -> str:
 def sdk_base_url(fmt: str, base_url: str) -> str:
     """The proxy's base URL as a format's official client wants it: the OpenAI clients with ``/v1``,
     the Anthropic and Google ones without (they append their API version themselves)."""
-    return strip_v1(base_url) if fmt in (ANTHROPIC_MESSAGES, GEMINI) else with_v1(base_url)
+    appends_version = fmt in (ApiFormat.anthropic_messages, ApiFormat.gemini)
+    return strip_v1(base_url) if appends_version else with_v1(base_url)
 
 
 # The variables the official OpenAI, Anthropic and Google clients read their key and endpoint from.
-SDK_KEY_ENV = {
-    OPENAI_CHAT: "OPENAI_API_KEY",
-    OPENAI_RESPONSES: "OPENAI_API_KEY",
-    ANTHROPIC_MESSAGES: "ANTHROPIC_API_KEY",
-    GEMINI: "GEMINI_API_KEY",
+SDK_KEY_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_API_KEY",
+    ApiFormat.openai_responses: "OPENAI_API_KEY",
+    ApiFormat.anthropic_messages: "ANTHROPIC_API_KEY",
+    ApiFormat.gemini: "GEMINI_API_KEY",
 }
-SDK_URL_ENV = {
-    OPENAI_CHAT: "OPENAI_BASE_URL",
-    OPENAI_RESPONSES: "OPENAI_BASE_URL",
-    ANTHROPIC_MESSAGES: "ANTHROPIC_BASE_URL",
-    GEMINI: "GOOGLE_GEMINI_BASE_URL",
+SDK_URL_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_BASE_URL",
+    ApiFormat.openai_responses: "OPENAI_BASE_URL",
+    ApiFormat.anthropic_messages: "ANTHROPIC_BASE_URL",
+    ApiFormat.gemini: "GOOGLE_GEMINI_BASE_URL",
 }
 # litellm's own switches: its bundled model price list instead of a download, no telemetry.
 LITELLM_OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+# litellm's provider prefix of a model name picks its client.
+LITELLM_PROVIDER: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
+}
+
+
+def litellm_model(fmt: str, model: str) -> str:
+    """The served model as litellm names it for ``fmt`` (Chat or Messages)."""
+    return f"{LITELLM_PROVIDER[fmt]}/{model}"
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ class Description(TypedDict):
 class Harness(ABC):
     """One coding-agent CLI at a pinned version.
 
-    Subclasses set the class attributes and implement ``command``, and name what else differs:
+    Subclasses set the class attributes and implement ``arguments``, and name what else differs:
     the config files (:meth:`config_files`, or ``write_config`` where a dict will not do) and the
     agent's variables (:meth:`agent_env`), which ``env`` adds on top of :meth:`base_env`, built
     from scratch so the parent's API keys and other secrets never reach the agent.
@@ -241,9 +247,13 @@ class Harness(ABC):
         any other as JSON, which is valid YAML too), for the checked format ``fmt``."""
         return {}
 
-    @abstractmethod
     def command(self, launch: Launch) -> list[str]:
-        """The argv that runs the agent headless on one task (step_limit where a flag honours it)."""
+        """The argv that runs the agent headless on one task."""
+        return [str(self.binary_path), *self.arguments(launch)]
+
+    @abstractmethod
+    def arguments(self, launch: Launch) -> list[str]:
+        """The agent's arguments for one task (step_limit where a flag honours it)."""
 
     def env(self, launch: Launch) -> dict[str, str]:
         """The agent's complete environment (built from scratch; see :meth:`base_env`)."""

@@ -8,6 +8,7 @@ from fineenvs.jsonl import JsonObject
 
 # Tools a coding task needs; the rest (web, agents, cron, ...) stay unapproved in -p mode.
 ALLOWED_TOOLS = ("Bash", "Read", "Write", "Edit", "Glob", "Grep")
+HEADLESS_FLAGS = ("--allowedTools", ",".join(ALLOWED_TOOLS), "--output-format", "stream-json", "--verbose")
 
 
 def read_stream_json(events: list[JsonObject]) -> tuple[str | None, int | None]:
@@ -43,20 +44,9 @@ class ClaudeCode(NpmHarness):
             ".claude.json": {"hasCompletedOnboarding": True, "autoUpdates": False},
         }
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--allowedTools",
-            ",".join(ALLOWED_TOOLS),
-            "--output-format",
-            "stream-json",
-            "--verbose",
-            "--model",
-            launch.model,
-            *launch.step_args("--max-turns"),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        model = ["--model", launch.model, *launch.step_args("--max-turns")]
+        return ["-p", launch.task_prompt, *HEADLESS_FLAGS, *model]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {

@@ -11,6 +11,7 @@ from fineenvs.harnesses.base import Launch, NpmHarness, with_v1
 from fineenvs.jsonl import JsonObject
 
 PROVIDER = "openai-compatible"
+HEADLESS_FLAGS = ("--json", "--auto-approve", "true")
 
 
 class Cline(NpmHarness):
@@ -31,20 +32,10 @@ class Cline(NpmHarness):
         providers = {"version": 1, "lastUsedProvider": PROVIDER, "modes": {}, "providers": {PROVIDER: entry}}
         return {".cline/data/settings/providers.json": providers}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         # No -P/-m: passing the provider on the command line drops the baseUrl of providers.json
         # (cline then connects to its default endpoint); lastUsedProvider selects it instead.
-        return [
-            str(self.binary_path),
-            "--json",
-            "--auto-approve",
-            "true",
-            "-c",
-            str(launch.workdir),
-            "--compaction",
-            "off",
-            launch.task_prompt,
-        ]
+        return [*HEADLESS_FLAGS, "-c", str(launch.workdir), "--compaction", "off", launch.task_prompt]
 
     # No agent_env, no CLINE_DIR/CLINE_DATA_DIR/--data-dir: with any of them cline ignores
     # providers.json and falls back to its hosted provider. The fresh HOME isolates ~/.cline instead.

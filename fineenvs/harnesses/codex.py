@@ -19,6 +19,7 @@ KEY_ENV = "FINEENVS_SESSION_KEY"
 # codex exec's own variable for the built-in provider's API key.
 CODEX_KEY_ENV = "CODEX_API_KEY"
 TRANSPORTS = ("websocket", "http")
+HEADLESS_FLAGS = ("exec", "--json", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check")
 
 
 class Codex(NpmHarness):
@@ -59,17 +60,8 @@ class Codex(NpmHarness):
         }
         return {".codex/config.toml": config}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "exec",
-            "--json",
-            "--dangerously-bypass-approvals-and-sandbox",
-            "--skip-git-repo-check",
-            "-C",
-            str(launch.workdir),
-            launch.task_prompt,
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        return [*HEADLESS_FLAGS, "-C", str(launch.workdir), launch.task_prompt]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         key_env = CODEX_KEY_ENV if self.transport == "websocket" else KEY_ENV

@@ -22,20 +22,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    HarnessConfigError,
-    Launch,
-    NpmHarness,
-    node_bin_dir,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import HarnessConfigError, Launch, NpmHarness, node_bin_dir, sdk_base_url
 from fineenvs.jsonl import JsonObject
 
 PKG_CACHE = "pkg-cache"
-TYPE_BY_FORMAT = {OPENAI_CHAT: "openai", OPENAI_RESPONSES: "openai", ANTHROPIC_MESSAGES: "anthropic"}
+TYPE_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.openai_responses: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
+}
+# Every tool on every path without a question: nobody is there to answer.
+PERMISSION_FLAGS = ("--allow-all-tools", "--allow-all-paths", "--no-ask-user")
+# Nothing from GitHub or the user's setup: no update, telemetry, instruction files or built-in MCPs.
+OFFLINE_FLAGS = ("--no-auto-update", "--disable-client-telemetry")
+SETUP_FLAGS = ("--no-custom-instructions", "--disable-builtin-mcps")
+HEADLESS_FLAGS = (*PERMISSION_FLAGS, *OFFLINE_FLAGS, *SETUP_FLAGS, "--output-format", "json")
 
 
 class Copilot(NpmHarness):
@@ -49,7 +51,7 @@ class Copilot(NpmHarness):
 
     def check_format(self, api_format: str) -> str:
         fmt = super().check_format(api_format)
-        if self.transport == "websocket" and fmt != OPENAI_RESPONSES:
+        if self.transport == "websocket" and fmt != ApiFormat.openai_responses:
             raise HarnessConfigError(
                 f"copilot speaks {fmt} over HTTP only: its WebSocket transport carries Responses; "
                 "set api_format=openai_responses or use the http transport"
@@ -70,27 +72,9 @@ class Copilot(NpmHarness):
         # Everything is in the environment; the home only needs to exist.
         (launch.home / ".copilot").mkdir(parents=True, exist_ok=True)
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--model",
-            launch.model,
-            "--allow-all-tools",
-            "--allow-all-paths",
-            "--no-ask-user",
-            "--no-auto-update",
-            "--disable-client-telemetry",
-            "--no-custom-instructions",
-            "--disable-builtin-mcps",
-            "--output-format",
-            "json",
-            "--log-dir",
-            str(launch.home / ".copilot" / "logs"),
-            "-C",
-            str(launch.workdir),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        dirs = ["--log-dir", str(launch.home / ".copilot" / "logs"), "-C", str(launch.workdir)]
+        return ["-p", launch.task_prompt, "--model", launch.model, *HEADLESS_FLAGS, *dirs]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)
@@ -106,8 +90,9 @@ class Copilot(NpmHarness):
             "COPILOT_PROVIDER_MAX_PROMPT_TOKENS": "200000",
             "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS": "8192",
         }
-        if fmt != ANTHROPIC_MESSAGES:
-            env["COPILOT_PROVIDER_WIRE_API"] = "responses" if fmt == OPENAI_RESPONSES else "completions"
+        if fmt != ApiFormat.anthropic_messages:
+            wire_api = "responses" if fmt == ApiFormat.openai_responses else "completions"
+            env["COPILOT_PROVIDER_WIRE_API"] = wire_api
         if self.transport == "websocket":
             env["COPILOT_PROVIDER_TRANSPORT"] = "websockets"
         return env

@@ -16,24 +16,22 @@ Not covered: a step limit (droid exec has none), Gemini (a custom model with ``p
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_base_url
 from fineenvs.jsonl import JsonObject
 
-PROVIDER_BY_FORMAT = {
-    OPENAI_CHAT: "generic-chat-completion-api",
-    OPENAI_RESPONSES: "openai",
-    ANTHROPIC_MESSAGES: "anthropic",
+PROVIDER_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "generic-chat-completion-api",
+    ApiFormat.openai_responses: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
 }
 BINARY_PACKAGE = "@factory/cli-linux-x64"
 BINARY_VERSION = "0.225.2"
+# The local coding tools; the rest (Slack, missions, connectors, web, image generation) need
+# Factory's cloud.
 TOOLS = ("Read", "LS", "Execute", "Edit", "ApplyPatch", "Grep", "Glob", "Create", "TodoWrite")
+EXEC_FLAGS = ("exec", "--auto", "high")
+HEADLESS_FLAGS = ("--only-tools", ",".join(TOOLS), "-o", "stream-json")
 
 
 class Droid(NpmHarness):
@@ -60,24 +58,9 @@ class Droid(NpmHarness):
         }
         return {".factory/settings.json": settings}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "exec",
-            "--auto",
-            "high",
-            "-m",
-            f"custom:{launch.model}",
-            # The local coding tools; the rest (Slack, missions, connectors, web, image
-            # generation) need Factory's cloud.
-            "--only-tools",
-            ",".join(TOOLS),
-            "-o",
-            "stream-json",
-            "--cwd",
-            str(launch.workdir),
-            launch.task_prompt,
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        model = f"custom:{launch.model}"
+        return [*EXEC_FLAGS, "-m", model, *HEADLESS_FLAGS, "--cwd", str(launch.workdir), launch.task_prompt]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import GEMINI, Launch, NpmHarness, sdk_env
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_env
 from fineenvs.harnesses.files import json_from
 from fineenvs.jsonl import JsonObject
 
@@ -21,7 +22,12 @@ def gemini_settings(auth_type: str, step_limit: int | None) -> JsonObject:
     return settings
 
 
+HEADLESS_FLAGS = ("--yolo", "--output-format", "json")
+
+
 class GeminiCli(NpmHarness):
+    """Gemini CLI, and the base of its fork Qwen Code, which keeps its command line."""
+
     name = "gemini_cli"
     honours_step_limit = True  # model.maxSessionTurns
     output_detail = "--output-format json"
@@ -29,22 +35,13 @@ class GeminiCli(NpmHarness):
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         return {".gemini/settings.json": gemini_settings("gemini-api-key", launch.step_limit)}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         # -m pins the model: without it a router side call (wanting JSON) comes first.
-        return [
-            str(self.binary_path),
-            "-m",
-            launch.model,
-            "-p",
-            launch.task_prompt,
-            "--yolo",
-            "--output-format",
-            "json",
-        ]
+        return ["-m", launch.model, "-p", launch.task_prompt, *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {
-            **sdk_env(launch, GEMINI),
+            **sdk_env(launch, ApiFormat.gemini),
             "GEMINI_CLI_TRUST_WORKSPACE": "true",
             "GEMINI_CLI_NO_RELAUNCH": "true",
         }

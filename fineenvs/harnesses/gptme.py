@@ -17,6 +17,8 @@ from fineenvs.jsonl import JsonObject
 CONVERSATION = "fineenvs-attempt"
 TOOLS = "shell,save,read,patch,append"
 MAX_STEPS = ".config/gptme/max_steps"
+HEADLESS_FLAGS = ("--non-interactive", "--no-confirm", "--tool-format", "tool")
+CONVERSATION_FLAGS = ("--name", CONVERSATION, "--context", "files")
 
 
 class Gptme(PypiHarness):
@@ -40,25 +42,9 @@ class Gptme(PypiHarness):
         if launch.step_limit is not None:
             write_text(launch.home / MAX_STEPS, str(launch.step_limit))
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "--non-interactive",
-            "--no-confirm",
-            "--tool-format",
-            "tool",
-            "-m",
-            f"local/{launch.model}",
-            "-t",
-            TOOLS,
-            "-w",
-            str(launch.workdir),
-            "--name",
-            CONVERSATION,
-            "--context",
-            "files",
-            launch.task_prompt,
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        agent = ["-m", f"local/{launch.model}", "-t", TOOLS]
+        return [*HEADLESS_FLAGS, *agent, "-w", str(launch.workdir), *CONVERSATION_FLAGS, launch.task_prompt]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         env = {

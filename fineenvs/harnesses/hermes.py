@@ -7,24 +7,18 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    Outputs,
-    PypiHarness,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, Outputs, PypiHarness, sdk_base_url
 from fineenvs.harnesses.files import read_text
 from fineenvs.jsonl import JsonObject
 
-MODE_BY_FORMAT = {
-    OPENAI_CHAT: "chat_completions",
-    ANTHROPIC_MESSAGES: "anthropic_messages",
-    OPENAI_RESPONSES: "codex_responses",
+MODE_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "chat_completions",
+    ApiFormat.anthropic_messages: "anthropic_messages",
+    ApiFormat.openai_responses: "codex_responses",
 }
 CONTEXT_LENGTH = 200000
+HEADLESS_FLAGS = ("--yolo",)
 
 
 class Hermes(PypiHarness):
@@ -56,8 +50,8 @@ class Hermes(PypiHarness):
         }
         return {".hermes/config.yaml": config}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path), "-z", launch.task_prompt, "--yolo"]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-z", launch.task_prompt, *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {

@@ -24,28 +24,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_base_url
 from fineenvs.harnesses.files import joined_text
 from fineenvs.jsonl import JsonObject
 
 ALIAS = "fineenvs"
-TYPE_BY_FORMAT = {
-    OPENAI_CHAT: "openai",
-    OPENAI_RESPONSES: "openai_responses",
-    ANTHROPIC_MESSAGES: "anthropic",
-    GEMINI: "google-genai",
+TYPE_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.openai_responses: "openai_responses",
+    ApiFormat.anthropic_messages: "anthropic",
+    ApiFormat.gemini: "google-genai",
 }
 RIPGREP = "ripgrep==14.1.0"
 RIPGREP_DIR = "ripgrep"
 CONTEXT_SIZE = 200000
+HEADLESS_FLAGS = ("--output-format", "stream-json")
 
 
 class KimiCode(NpmHarness):
@@ -86,8 +80,8 @@ class KimiCode(NpmHarness):
             ".kimi-code/tui.toml": {"upgrade": {"auto_install": False}},
         }
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path), "-p", launch.task_prompt, "--output-format", "stream-json"]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-p", launch.task_prompt, *HEADLESS_FLAGS]
 
     def env(self, launch: Launch) -> dict[str, str]:
         env = super().env(launch)

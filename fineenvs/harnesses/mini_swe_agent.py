@@ -6,11 +6,11 @@ from pathlib import Path
 
 from fineenvs.harnesses.base import (
     LITELLM_OFFLINE,
-    OPENAI_CHAT,
     SDK_KEY_ENV,
     Launch,
     Outputs,
     PypiHarness,
+    litellm_model,
     sdk_base_url,
 )
 from fineenvs.harnesses.files import read_json_object, typed_blocks
@@ -20,6 +20,7 @@ TRAJECTORY = "mini_trajectory.json"
 # mini reads its settings from files named in -c; the parameters file keeps the base URL and the
 # limits out of argv (argv is visible to every process on the host, a file under HOME is not).
 PARAMS = "mini_params.yaml"
+HEADLESS_FLAGS = ("-y", "--exit-immediately")
 
 
 class MiniSweAgent(PypiHarness):
@@ -34,25 +35,11 @@ class MiniSweAgent(PypiHarness):
         }
         return {PARAMS: params}
 
-    def command(self, launch: Launch) -> list[str]:
-        fmt = self.check_format(launch.api_format)
-        prefix = "openai" if fmt == OPENAI_CHAT else "anthropic"
+    def arguments(self, launch: Launch) -> list[str]:
+        model = litellm_model(self.check_format(launch.api_format), launch.model)
         # -c replaces the default config, so the built-in mini.yaml must come first.
-        return [
-            str(self.binary_path),
-            "-m",
-            f"{prefix}/{launch.model}",
-            "-t",
-            launch.task_prompt,
-            "-y",
-            "--exit-immediately",
-            "-c",
-            "mini.yaml",
-            "-c",
-            str(launch.home / PARAMS),
-            "-o",
-            str(launch.home / TRAJECTORY),
-        ]
+        files = ["-c", "mini.yaml", "-c", str(launch.home / PARAMS), "-o", str(launch.home / TRAJECTORY)]
+        return ["-m", model, "-t", launch.task_prompt, *HEADLESS_FLAGS, *files]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)

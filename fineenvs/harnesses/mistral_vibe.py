@@ -14,6 +14,7 @@ from fineenvs.jsonl import JsonObject
 
 KEY_ENV = "FINEENVS_SESSION_KEY"
 ALIAS = "fineenvs"
+HEADLESS_FLAGS = ("--output", "json", "--auto-approve", "--trust")
 
 
 class MistralVibe(PypiHarness):
@@ -40,21 +41,9 @@ class MistralVibe(PypiHarness):
         }
         return {".vibe/config.toml": config}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--output",
-            "json",
-            "--auto-approve",
-            "--trust",
-            "--workdir",
-            str(launch.workdir),
-            "--output-dir",
-            str(launch.home / "vibe-output"),
-            *launch.step_args("--max-turns"),
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        dirs = ["--workdir", str(launch.workdir), "--output-dir", str(launch.home / "vibe-output")]
+        return ["-p", launch.task_prompt, *HEADLESS_FLAGS, *dirs, *launch.step_args("--max-turns")]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {"VIBE_HOME": str(launch.home / ".vibe"), KEY_ENV: launch.session_key}

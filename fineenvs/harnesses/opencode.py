@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    strip_v1,
-    with_v1,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, strip_v1, with_v1
 from fineenvs.jsonl import JsonObject
 
 # Never call the provider `openai`: opencode then routes to its own Responses client and dies
 # ("Z.responses is not a function", published system §4.11).
 PROVIDER = "fineenvs"
-SDK_BY_FORMAT = {
-    OPENAI_CHAT: "@ai-sdk/openai-compatible",
-    OPENAI_RESPONSES: "@ai-sdk/openai",
-    ANTHROPIC_MESSAGES: "@ai-sdk/anthropic",
-    GEMINI: "@ai-sdk/google",
+HEADLESS_FLAGS = ("run", "--format", "json")
+SDK_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "@ai-sdk/openai-compatible",
+    ApiFormat.openai_responses: "@ai-sdk/openai",
+    ApiFormat.anthropic_messages: "@ai-sdk/anthropic",
+    ApiFormat.gemini: "@ai-sdk/google",
 }
 
 
 def _base_for(fmt: str, base_url: str) -> str:
-    if fmt == GEMINI:
+    if fmt == ApiFormat.gemini:
         return strip_v1(base_url) + "/v1beta"
     return with_v1(base_url)
 
@@ -79,19 +72,10 @@ class OpenCode(NpmHarness):
         """Keys a fork adds to the config."""
         return {}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
+        flags = [*HEADLESS_FLAGS, *self.run_flags, "--model", f"{PROVIDER}/{launch.model}"]
         # One quoted argument reaches the model with literal quotes around it; words do not.
-        return [
-            str(self.binary_path),
-            "run",
-            "--format",
-            "json",
-            *self.run_flags,
-            "--model",
-            f"{PROVIDER}/{launch.model}",
-            *self.workdir_flags(launch),
-            *launch.task_prompt.split(),
-        ]
+        return [*flags, *self.workdir_flags(launch), *launch.task_prompt.split()]
 
     def workdir_flags(self, launch: Launch) -> list[str]:
         """OpenCode runs in its working directory; a fork may name it."""

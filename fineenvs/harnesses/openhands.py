@@ -36,16 +36,9 @@ class OpenHands(PypiHarness):
         }
         return {CONFIG: config}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         # The config file's own folder (HOME) holds the conversation store and the event log.
-        return [
-            str(self.binary_path),
-            "-I",
-            str(DRIVER),
-            str(launch.home / CONFIG),
-            str(launch.workdir),
-            launch.task_prompt,
-        ]
+        return ["-I", str(DRIVER), str(launch.home / CONFIG), str(launch.workdir), launch.task_prompt]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {"OPENHANDS_SUPPRESS_BANNER": "1", **LITELLM_OFFLINE, "LOG_LEVEL": "WARNING"}

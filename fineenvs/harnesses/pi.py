@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-    NpmHarness,
-    sdk_base_url,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, NpmHarness, sdk_base_url
 from fineenvs.harnesses.files import joined_text, typed_blocks
 from fineenvs.jsonl import JsonObject
 
 PROVIDER = "fineenvs"
 KEY_ENV = "FINEENVS_SESSION_KEY"
-API_BY_FORMAT = {
-    OPENAI_CHAT: "openai-completions",
-    OPENAI_RESPONSES: "openai-responses",
-    ANTHROPIC_MESSAGES: "anthropic-messages",
-    GEMINI: "google-generative-ai",
+HEADLESS_FLAGS = ("--mode", "json")
+API_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai-completions",
+    ApiFormat.openai_responses: "openai-responses",
+    ApiFormat.anthropic_messages: "anthropic-messages",
+    ApiFormat.gemini: "google-generative-ai",
 }
 
 
@@ -30,7 +24,7 @@ class Pi(NpmHarness):
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         # Pi's Google client wants the API version in its base URL.
-        url = sdk_base_url(fmt, launch.base_url) + ("/v1beta" if fmt == GEMINI else "")
+        url = sdk_base_url(fmt, launch.base_url) + ("/v1beta" if fmt == ApiFormat.gemini else "")
         # apiKey names an env var, so the key itself stays out of the file.
         provider = {
             "baseUrl": url,
@@ -40,16 +34,8 @@ class Pi(NpmHarness):
         }
         return {".pi/agent/models.json": {"providers": {PROVIDER: provider}}}
 
-    def command(self, launch: Launch) -> list[str]:
-        return [
-            str(self.binary_path),
-            "-p",
-            launch.task_prompt,
-            "--model",
-            f"{PROVIDER}/{launch.model}",
-            "--mode",
-            "json",
-        ]
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-p", launch.task_prompt, "--model", f"{PROVIDER}/{launch.model}", *HEADLESS_FLAGS]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         return {KEY_ENV: launch.session_key, "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1"}

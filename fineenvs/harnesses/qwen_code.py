@@ -1,50 +1,40 @@
-"""Qwen Code (``@qwen-code/qwen-code``): Chat, Messages or Gemini, chosen by ``--auth-type``."""
+"""Qwen Code (``@qwen-code/qwen-code``): Chat, Messages or Gemini, chosen by ``--auth-type``.
+
+A fork of Gemini CLI: the same settings file under ``~/.qwen`` and the same command line after
+``--auth-type``; it prints Claude Code's stream-json events, as one JSON array at the end.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    GEMINI,
-    OPENAI_CHAT,
-    Launch,
-    NpmHarness,
-    Outputs,
-    sdk_env,
-    transcript_outputs,
-)
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Launch, Outputs, sdk_env, transcript_outputs
 from fineenvs.harnesses.claude_code import read_stream_json
 from fineenvs.harnesses.files import read_text
-from fineenvs.harnesses.gemini_cli import gemini_settings
+from fineenvs.harnesses.gemini_cli import GeminiCli, gemini_settings
 from fineenvs.jsonl import JsonObject
 
-AUTH_BY_FORMAT = {OPENAI_CHAT: "openai", ANTHROPIC_MESSAGES: "anthropic", GEMINI: "gemini"}
-MODEL_ENV = {OPENAI_CHAT: "OPENAI_MODEL", ANTHROPIC_MESSAGES: "ANTHROPIC_MODEL"}
+AUTH_BY_FORMAT: dict[str, str] = {
+    ApiFormat.openai_chat: "openai",
+    ApiFormat.anthropic_messages: "anthropic",
+    ApiFormat.gemini: "gemini",
+}
+MODEL_ENV: dict[str, str] = {
+    ApiFormat.openai_chat: "OPENAI_MODEL",
+    ApiFormat.anthropic_messages: "ANTHROPIC_MODEL",
+}
 
 
-class QwenCode(NpmHarness):
+class QwenCode(GeminiCli):
     name = "qwen_code"
-    honours_step_limit = True  # model.maxSessionTurns
-    output_detail = "--output-format json"
 
     def config_files(self, launch: Launch, fmt: str) -> dict[str, JsonObject]:
         return {".qwen/settings.json": gemini_settings(AUTH_BY_FORMAT[fmt], launch.step_limit)}
 
-    def command(self, launch: Launch) -> list[str]:
+    def arguments(self, launch: Launch) -> list[str]:
         fmt = self.check_format(launch.api_format)
-        return [
-            str(self.binary_path),
-            "--auth-type",
-            AUTH_BY_FORMAT[fmt],
-            "-m",
-            launch.model,
-            "-p",
-            launch.task_prompt,
-            "--yolo",
-            "--output-format",
-            "json",
-        ]
+        return ["--auth-type", AUTH_BY_FORMAT[fmt], *super().arguments(launch)]
 
     def agent_env(self, launch: Launch) -> dict[str, str]:
         fmt = self.check_format(launch.api_format)
@@ -52,7 +42,6 @@ class QwenCode(NpmHarness):
         return {**sdk_env(launch, fmt), **model, "QWEN_CODE_NO_RELAUNCH": "true"}
 
     def parse_outputs(self, attempt_dir: Path) -> Outputs:
-        # Claude Code's stream-json events, printed as one JSON array at the end.
         return transcript_outputs(
             read_text(attempt_dir / "stdout.txt"),
             self.read_events,

@@ -9,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses import HARNESSES, Harness, HarnessConfigError, check_installed, get_harness
-from fineenvs.harnesses.base import (
-    ANTHROPIC_MESSAGES,
-    API_FORMATS,
-    GEMINI,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    Launch,
-)
+from fineenvs.harnesses.base import API_FORMATS, Launch
 from fineenvs.harnesses.node import NODE
 
 BASE = "http://127.0.0.1:18100/s/sessKEY123"
@@ -113,7 +107,9 @@ def test_unsupported_format_is_a_clear_error(name: str, tmp_path: Path) -> None:
 
 
 def test_claude_code_wiring(tmp_path: Path) -> None:
-    home, _w, env, argv = build(get_harness("claude_code"), tmp_path, ANTHROPIC_MESSAGES, step_limit=5)
+    home, _w, env, argv = build(
+        get_harness("claude_code"), tmp_path, ApiFormat.anthropic_messages, step_limit=5
+    )
     assert env["ANTHROPIC_BASE_URL"] == BASE  # no /v1: the SDK appends it
     assert env["ANTHROPIC_API_KEY"] == KEY
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
@@ -126,7 +122,7 @@ def test_claude_code_wiring(tmp_path: Path) -> None:
 
 def test_codex_default_transport_is_the_built_in_provider(tmp_path: Path) -> None:
     h = get_harness("codex")
-    home, _w, env, argv = build(h, tmp_path, OPENAI_RESPONSES)
+    home, _w, env, argv = build(h, tmp_path, ApiFormat.openai_responses)
     cfg = tomllib.loads((home / ".codex" / "config.toml").read_text())
     # No custom provider: the built-in `openai` one, only its base URL moved (Codex then speaks
     # the Responses WebSocket, with HTTPS as its fallback).
@@ -142,7 +138,7 @@ def test_codex_default_transport_is_the_built_in_provider(tmp_path: Path) -> Non
 def test_codex_http_transport_uses_a_custom_provider(tmp_path: Path) -> None:
     from fineenvs.harnesses.codex import Codex
 
-    home, _w, env, _argv = build(Codex(transport="http"), tmp_path, OPENAI_RESPONSES)
+    home, _w, env, _argv = build(Codex(transport="http"), tmp_path, ApiFormat.openai_responses)
     cfg = tomllib.loads((home / ".codex" / "config.toml").read_text())
     provider = cfg["model_providers"][cfg["model_provider"]]
     assert cfg["model_provider"] != "openai" and "openai_base_url" not in cfg
@@ -156,10 +152,10 @@ def test_codex_http_transport_uses_a_custom_provider(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "sdk", "base"),
     [
-        (OPENAI_CHAT, "@ai-sdk/openai-compatible", BASE + "/v1"),
-        (OPENAI_RESPONSES, "@ai-sdk/openai", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "@ai-sdk/anthropic", BASE + "/v1"),
-        (GEMINI, "@ai-sdk/google", BASE + "/v1beta"),
+        (ApiFormat.openai_chat, "@ai-sdk/openai-compatible", BASE + "/v1"),
+        (ApiFormat.openai_responses, "@ai-sdk/openai", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "@ai-sdk/anthropic", BASE + "/v1"),
+        (ApiFormat.gemini, "@ai-sdk/google", BASE + "/v1beta"),
     ],
 )
 def test_opencode_provider_per_format(fmt: str, sdk: str, base: str, tmp_path: Path) -> None:
@@ -178,10 +174,10 @@ def test_opencode_provider_per_format(fmt: str, sdk: str, base: str, tmp_path: P
 @pytest.mark.parametrize(
     ("fmt", "api", "base"),
     [
-        (OPENAI_CHAT, "openai-completions", BASE + "/v1"),
-        (OPENAI_RESPONSES, "openai-responses", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic-messages", BASE),
-        (GEMINI, "google-generative-ai", BASE + "/v1beta"),
+        (ApiFormat.openai_chat, "openai-completions", BASE + "/v1"),
+        (ApiFormat.openai_responses, "openai-responses", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic-messages", BASE),
+        (ApiFormat.gemini, "google-generative-ai", BASE + "/v1beta"),
     ],
 )
 def test_pi_models_json(fmt: str, api: str, base: str, tmp_path: Path) -> None:
@@ -194,7 +190,7 @@ def test_pi_models_json(fmt: str, api: str, base: str, tmp_path: Path) -> None:
 
 
 def test_gemini_cli_settings_and_model_flag(tmp_path: Path) -> None:
-    home, _w, env, argv = build(get_harness("gemini_cli"), tmp_path, GEMINI, step_limit=4)
+    home, _w, env, argv = build(get_harness("gemini_cli"), tmp_path, ApiFormat.gemini, step_limit=4)
     settings = json.loads((home / ".gemini" / "settings.json").read_text())
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert settings["privacy"]["usageStatisticsEnabled"] is False
@@ -207,9 +203,9 @@ def test_gemini_cli_settings_and_model_flag(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "auth", "var", "value"),
     [
-        (OPENAI_CHAT, "openai", "OPENAI_BASE_URL", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic", "ANTHROPIC_BASE_URL", BASE),
-        (GEMINI, "gemini", "GOOGLE_GEMINI_BASE_URL", BASE),
+        (ApiFormat.openai_chat, "openai", "OPENAI_BASE_URL", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic", "ANTHROPIC_BASE_URL", BASE),
+        (ApiFormat.gemini, "gemini", "GOOGLE_GEMINI_BASE_URL", BASE),
     ],
 )
 def test_qwen_code_auth_types(fmt: str, auth: str, var: str, value: str, tmp_path: Path) -> None:
@@ -221,7 +217,7 @@ def test_qwen_code_auth_types(fmt: str, auth: str, var: str, value: str, tmp_pat
 
 
 def test_mini_swe_agent_step_limit_and_config_order(tmp_path: Path) -> None:
-    home, _w, env, argv = build(get_harness("mini_swe_agent"), tmp_path, OPENAI_CHAT, step_limit=9)
+    home, _w, env, argv = build(get_harness("mini_swe_agent"), tmp_path, ApiFormat.openai_chat, step_limit=9)
     params = json.loads((home / "mini_params.yaml").read_text())
     assert params["agent"]["step_limit"] == 9
     assert params["model"]["model_kwargs"]["api_base"] == BASE + "/v1"
@@ -234,9 +230,9 @@ def test_mini_swe_agent_step_limit_and_config_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "mode", "url"),
     [
-        (OPENAI_CHAT, "chat_completions", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic_messages", BASE),
-        (OPENAI_RESPONSES, "codex_responses", BASE + "/v1"),
+        (ApiFormat.openai_chat, "chat_completions", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic_messages", BASE),
+        (ApiFormat.openai_responses, "codex_responses", BASE + "/v1"),
     ],
 )
 def test_hermes_custom_provider(fmt: str, mode: str, url: str, tmp_path: Path) -> None:
@@ -252,9 +248,9 @@ def test_hermes_custom_provider(fmt: str, mode: str, url: str, tmp_path: Path) -
 @pytest.mark.parametrize(
     ("fmt", "ptype", "wire", "base"),
     [
-        (OPENAI_CHAT, "openai", "completions", BASE + "/v1"),
-        (OPENAI_RESPONSES, "openai", "responses", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic", None, BASE),
+        (ApiFormat.openai_chat, "openai", "completions", BASE + "/v1"),
+        (ApiFormat.openai_responses, "openai", "responses", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic", None, BASE),
     ],
 )
 def test_copilot_byok_provider(fmt: str, ptype: str, wire: str | None, base: str, tmp_path: Path) -> None:
@@ -278,14 +274,14 @@ def test_copilot_websocket_transport_is_responses_only(tmp_path: Path) -> None:
     from fineenvs.harnesses.copilot import Copilot
 
     h = Copilot(transport="websocket")
-    _home, _work, env, _argv = build(h, tmp_path, OPENAI_RESPONSES)
+    _home, _work, env, _argv = build(h, tmp_path, ApiFormat.openai_responses)
     assert env["COPILOT_PROVIDER_TRANSPORT"] == "websockets"
     assert env["COPILOT_PROVIDER_WIRE_API"] == "responses"
     assert "COPILOT_PROVIDER_TRANSPORT" not in get_harness("copilot").env(
-        Launch(tmp_path, tmp_path, BASE, KEY, MODEL, OPENAI_CHAT)
+        Launch(tmp_path, tmp_path, BASE, KEY, MODEL, ApiFormat.openai_chat)
     )
     with pytest.raises(HarnessConfigError, match="WebSocket transport carries Responses"):
-        h.check_format(OPENAI_CHAT)
+        h.check_format(ApiFormat.openai_chat)
 
 
 def test_copilot_unpacks_its_package_at_install(tmp_path: Path) -> None:
@@ -299,10 +295,10 @@ def test_copilot_unpacks_its_package_at_install(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "sdk", "base"),
     [
-        (OPENAI_CHAT, "@ai-sdk/openai-compatible", BASE + "/v1"),
-        (OPENAI_RESPONSES, "@ai-sdk/openai", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "@ai-sdk/anthropic", BASE + "/v1"),
-        (GEMINI, "@ai-sdk/google", BASE + "/v1beta"),
+        (ApiFormat.openai_chat, "@ai-sdk/openai-compatible", BASE + "/v1"),
+        (ApiFormat.openai_responses, "@ai-sdk/openai", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "@ai-sdk/anthropic", BASE + "/v1"),
+        (ApiFormat.gemini, "@ai-sdk/google", BASE + "/v1beta"),
     ],
 )
 def test_kilo_provider_per_format_and_step_limit(fmt: str, sdk: str, base: str, tmp_path: Path) -> None:
@@ -322,7 +318,7 @@ def test_kilo_provider_per_format_and_step_limit(fmt: str, sdk: str, base: str, 
 
 
 def test_kilo_without_step_limit_sets_no_steps(tmp_path: Path) -> None:
-    _home, _work, env, _argv = build(get_harness("kilo"), tmp_path, OPENAI_CHAT, step_limit=None)
+    _home, _work, env, _argv = build(get_harness("kilo"), tmp_path, ApiFormat.openai_chat, step_limit=None)
     cfg = json.loads(Path(env["KILO_CONFIG"]).read_text())
     assert cfg["agent"][cfg["default_agent"]] == {}
 
@@ -330,9 +326,9 @@ def test_kilo_without_step_limit_sets_no_steps(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "provider", "base"),
     [
-        (OPENAI_CHAT, "generic-chat-completion-api", BASE + "/v1"),
-        (OPENAI_RESPONSES, "openai", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic", BASE),
+        (ApiFormat.openai_chat, "generic-chat-completion-api", BASE + "/v1"),
+        (ApiFormat.openai_responses, "openai", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic", BASE),
     ],
 )
 def test_droid_custom_model(fmt: str, provider: str, base: str, tmp_path: Path) -> None:
@@ -356,8 +352,8 @@ def test_droid_custom_model(fmt: str, provider: str, base: str, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("fmt", "prefix", "key_var", "base_var", "base"),
     [
-        (OPENAI_CHAT, "openai", "OPENAI_API_KEY", "OPENAI_API_BASE", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_API_BASE", BASE),
+        (ApiFormat.openai_chat, "openai", "OPENAI_API_KEY", "OPENAI_API_BASE", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_API_BASE", BASE),
     ],
 )
 def test_aider_litellm_wiring(
@@ -393,10 +389,10 @@ def test_aider_counts_applied_edits_from_its_chat_history(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("fmt", "ptype", "base"),
     [
-        (OPENAI_CHAT, "openai", BASE + "/v1"),
-        (OPENAI_RESPONSES, "openai_responses", BASE + "/v1"),
-        (ANTHROPIC_MESSAGES, "anthropic", BASE),
-        (GEMINI, "google-genai", BASE),
+        (ApiFormat.openai_chat, "openai", BASE + "/v1"),
+        (ApiFormat.openai_responses, "openai_responses", BASE + "/v1"),
+        (ApiFormat.anthropic_messages, "anthropic", BASE),
+        (ApiFormat.gemini, "google-genai", BASE),
     ],
 )
 def test_kimi_code_provider_per_format(fmt: str, ptype: str, base: str, tmp_path: Path) -> None:
@@ -425,7 +421,7 @@ def test_kimi_code_provider_per_format(fmt: str, ptype: str, base: str, tmp_path
 
 def test_kimi_code_without_step_limit_and_its_install_step(tmp_path: Path) -> None:
     h = get_harness("kimi_code")
-    home, _work, _env, _argv = build(h, tmp_path, OPENAI_CHAT, step_limit=None)
+    home, _work, _env, _argv = build(h, tmp_path, ApiFormat.openai_chat, step_limit=None)
     assert "loop_control" not in tomllib.loads((home / ".kimi-code" / "config.toml").read_text())
     ((argv, env),) = h.post_install(tmp_path / "prefix")
     assert argv[argv.index("--target") + 1] == str(tmp_path / "prefix" / "ripgrep")

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from fineenvs.api_formats import ApiFormat
 from fineenvs.harnesses import HARNESSES
 from fineenvs.harnesses import installer as inst
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch
+from fineenvs.harnesses.base import Harness, Launch
 from fineenvs.harnesses.node import NODE
 from fineenvs.paths import MARKER_FILE
 
@@ -26,14 +27,14 @@ class TinyNpm(Harness):
     registry = "npm"
     version = "7.6.3"
     binary = "semver"
-    api_formats = (OPENAI_CHAT,)
-    default_format = OPENAI_CHAT
+    api_formats = (ApiFormat.openai_chat,)
+    default_format = ApiFormat.openai_chat
 
     def write_config(self, launch: Launch) -> None:
         pass
 
-    def command(self, launch: Launch) -> list[str]:
-        return [str(self.binary_path)]
+    def arguments(self, launch: Launch) -> list[str]:
+        return []
 
     def warm_argv(self) -> list[str]:
         return [str(self.binary_path), "1.2.3"]

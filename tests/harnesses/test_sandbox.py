@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from fineenvs.harnesses.base import OPENAI_CHAT, Harness, Launch, Outputs
+from fineenvs.api_formats import ApiFormat
+from fineenvs.harnesses.base import Harness, Launch, Outputs
 from fineenvs.harnesses.sandbox import (
     ProxyStats,
     classify,
@@ -35,8 +36,8 @@ class ScriptHarness(Harness):
     registry = "npm"
     version = "0"
     binary = "sh"
-    api_formats = (OPENAI_CHAT,)
-    default_format = OPENAI_CHAT
+    api_formats = (ApiFormat.openai_chat,)
+    default_format = ApiFormat.openai_chat
 
     def __init__(self, script: str) -> None:
         self.script = script
@@ -45,7 +46,10 @@ class ScriptHarness(Harness):
         (launch.home / "agent.conf").write_text(f"url={launch.base_url}\n")
 
     def command(self, launch: Launch) -> list[str]:
-        return ["/bin/sh", "-c", self.script]
+        return ["/bin/sh", *self.arguments(launch)]
+
+    def arguments(self, launch: Launch) -> list[str]:
+        return ["-c", self.script]
 
     def env(self, launch: Launch) -> dict[str, str]:
         env = self.base_env(launch.home)
