@@ -51,6 +51,7 @@ test-vllm: setup
 	$(PY) -m fineenvs.engine install-vllm --build cpu
 	$(PY) -m fineenvs.engine install-vllm --build parser
 	$(PY) -m fineenvs.engine install-vllm-client
+	$(PY) -m fineenvs.engine install-router
 	$(PYTEST) -q -m vllm --durations=15
 
 test-gpu: setup

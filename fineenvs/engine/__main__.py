@@ -4,6 +4,9 @@
 environment in the cache (``fineenvs.engine.install``; the CPU build on a machine without a GPU)
 and print its python.
 
+``python -m fineenvs.engine install-router [--force]``: install vLLM's router (``vllm-router``,
+pinned) into a venv of its own in the cache (``fineenvs.engine.router``) and print its binary.
+
 ``python -m fineenvs.engine install-vllm-client [--dir DIR]``: install vLLM's trainer-side
 weight-transfer modules for ``engine.weight_sync=nccl`` (``fineenvs.engine.vllm_client``).
 
@@ -67,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         default=1024,
         help="memory for cached prefix states reused across requests (default 1024; 0: off)",
     )
+    serve.add_argument(
+        "--replica-name",
+        default=None,
+        help="stamp x-fineenvs-replica: NAME on every response, so that callers behind vLLM's router "
+        "see which replica answered (default: no header)",
+    )
     serve.add_argument("--log-level", default="info")
     install = sub.add_parser(
         "install-vllm",
@@ -80,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
         "0.33.0's code for the argv checks, never serving",
     )
     install.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    router = sub.add_parser(
+        "install-router",
+        help="install vLLM's router (vllm-router, pinned) into its own venv in the cache; prints its binary",
+    )
+    router.add_argument("--force", action="store_true", help="reinstall even if a complete install exists")
     client = sub.add_parser(
         "install-vllm-client",
         help="install vLLM's trainer-side weight-transfer modules (engine.weight_sync=nccl)",
@@ -142,6 +156,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         return 0
+    if args.command == "install-router":
+        from fineenvs.engine.router import RouterError, install_router
+
+        try:
+            print(install_router(force=args.force))
+        except RouterError as err:
+            print(err, file=sys.stderr)
+            return 1
+        except OSError as err:
+            print(
+                f"install-router: {err}. Fix: free disk space, or point FINEENVS_CACHE at a writable folder.",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
     if args.command == "install-vllm-client":
         from fineenvs.engine.vllm_client import install_client
 
@@ -176,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         policy=args.policy,
         prefix_cache_mib=args.prefix_cache_mib,
+        replica_name=args.replica_name,
     )
     app.state.engine.structured_whitespace = args.structured_whitespace
     logging.getLogger("fineenvs.engine").info(

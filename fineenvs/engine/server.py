@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fineenvs.engine.generation import DEFAULT_PREFIX_CACHE_BYTES, GenerationResult, Generator, SamplingParams
+from fineenvs.engine.router import REPLICA_HEADER
 from fineenvs.engine.toolcalls import TOOL_CALL_FORMATS, ToolCallFormat, parse_tool_calls
 from fineenvs.jsonl import JsonObject
 
@@ -742,6 +744,7 @@ def create_engine_app(
     device: str | None = None,
     policy: str = "model",
     prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_BYTES >> 20,
+    replica_name: str | None = None,
 ) -> Starlette:
     """Build the engine app around the causal LM in ``model_dir`` (loaded now, on this thread).
 
@@ -751,6 +754,7 @@ def create_engine_app(
     request field ``forced_completion_prefix`` (tests only; never in production). ``policy`` other
     than ``"model"`` names a ``ScriptedPolicy`` of the ``fineenvs.engine_policies`` plugins whose
     replies are forced instead of sampled (``expert``: the mini-reproduction's teacher).
+    ``replica_name`` is stamped on every response in ``REPLICA_HEADER`` (behind vLLM's router).
     """
     scripted = None if policy == "model" else load_scripted_policy(policy)
     if max_queue < 1:
@@ -797,10 +801,35 @@ def create_engine_app(
             Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         ],
         lifespan=lifespan,
+        middleware=[Middleware(ReplicaHeader, name=replica_name)] if replica_name else [],
     )
     state.scripted = scripted
     app.state.engine = state
     return app
+
+
+class ReplicaHeader:
+    """Pure ASGI: ``REPLICA_HEADER: name`` on every HTTP response, streamed ones too (the header
+    goes out with the status, before the first chunk), so a caller behind the router sees which
+    replica answered."""
+
+    def __init__(self, app: Any, name: str) -> None:
+        if not name or any(c in name for c in "\r\n\0"):
+            raise ValueError(f"replica name {name!r} must be a non-empty one-line header value")
+        self.app, self.value = app, name.encode("latin-1")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != REPLICA_HEADER.encode()]
+                message = {**message, "headers": [*headers, (REPLICA_HEADER.encode(), self.value)]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)
 
 
 @contextmanager

@@ -13,6 +13,10 @@ on vLLM's CPU build too.
   ``DIR``; ``names`` loads a subset (a partial update), null every tensor in the file. Every name
   and the file are checked before anything is loaded, so a bad update changes no weight.
 
+``ReplicaHeaderMiddleware`` (``vllm serve --middleware fineenvs_vllm_plugin.ReplicaHeaderMiddleware``
+with ``FINEENVS_REPLICA=NAME`` in the server's environment) names the replica on every response,
+so that a caller behind vLLM's router sees which replica answered.
+
 It lives in vLLM's own environment (``python -m fineenvs.engine install-vllm`` installs it there
 with the ``vllm.general_plugins`` entry point, which vLLM loads in every process it starts) and
 imports nothing of fineenvs.
@@ -25,12 +29,14 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
 BACKEND = "fineenvs_file"
+REPLICA_ENV = "FINEENVS_REPLICA"
+REPLICA_HEADER = b"x-fineenvs-replica"  # fineenvs.engine.router.REPLICA_HEADER
 
 REFUSED = "fineenvs_file refused the update before loading anything"
 """Starts the message of an update refused by its checks (the model kept its weights); the
@@ -225,6 +231,34 @@ def _engine_class() -> type:
             self.directory = None
 
     return FileWeightTransferEngine
+
+
+class ReplicaHeaderMiddleware:
+    """Pure ASGI: ``x-fineenvs-replica: $FINEENVS_REPLICA`` on every HTTP response, streamed ones
+    too (the header leaves with the status, before the first chunk). Without the variable it
+    passes everything through unchanged. vLLM adds a class given to ``--middleware`` with
+    ``app.add_middleware``, so this is built with the app and needs no starlette import here."""
+
+    def __init__(self, app: Any, name: str | None = None) -> None:
+        self.app = app
+        value = os.environ.get(REPLICA_ENV, "") if name is None else name
+        if any(c in value for c in "\r\n\0"):
+            raise ValueError(f"{REPLICA_ENV}={value!r} must be a one-line header value")
+        self.value = value.encode("latin-1") if value else None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.value is None:
+            await self.app(scope, receive, send)
+            return
+        value = self.value
+
+        async def stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != REPLICA_HEADER]
+                message = {**message, "headers": [*headers, (REPLICA_HEADER, value)]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)
 
 
 def __getattr__(name: str) -> type:
