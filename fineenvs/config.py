@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from fineenvs.api_formats import ApiFormat
+from fineenvs.engine.router import RouterOptions
 from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
@@ -199,6 +200,17 @@ class EngineSpec:
     ``CUDA_VISIBLE_DEVICES``; empty: the last TP x DP GPUs when training (the trainer keeps the
     others), the first ones otherwise. Overlapping the trainer's GPUs is refused."""
     extra_args: list[str] = field(default_factory=list)
+    replicas: int = 1
+    """Launched vLLM servers, each with its own GPUs (``engine.devices`` split in order) or CPU cores
+    (``engine.replica_cpus``), behind vLLM's router (``engine.router``); 1: one server, no router."""
+    urls: list[str] = field(default_factory=list)
+    """Attach to several vLLM servers someone else runs (replicas; behind ``engine.router.url`` or a
+    router launched here) instead of launching them."""
+    replica_cpus: list[str] = field(default_factory=list)
+    """CPU platform with replicas: each replica's cores (``VLLM_CPU_OMP_THREADS_BIND``, e.g.
+    ``[0-3, 4-7]``); empty: this machine's cores split evenly in order."""
+    router: RouterOptions = field(default_factory=RouterOptions)
+    """vLLM's router in front of the replicas (``fineenvs.engine.router``)."""
 
 
 @dataclass
@@ -452,6 +464,7 @@ def validate(run: RunConfig) -> None:
     problems += _check_trainer(run)
     problems += _check_scheduler(run)
     problems += _check_engine(run)
+    problems += _check_replicas(run)
     problems += _check_proxy(run)
     problems += _check_reward(run)
     problems += _check_rows(run)
@@ -671,6 +684,65 @@ def _check_engine(run: RunConfig) -> list[str]:
             "engine.devices names the GPUs of a launched vLLM; this job launches none (engine=transformers "
             "or engine.url set). Fix: engine.devices=[]"
         )
+    return out
+
+
+def _check_replicas(run: RunConfig) -> list[str]:
+    """Several servers: vLLM only, launched (``replicas``) or attached (``urls``), never both."""
+    e = run.engine
+    out: list[str] = []
+    several = e.replicas > 1 or len(e.urls) > 1
+    if e.replicas < 1:
+        out.append(f"engine.replicas must be >= 1 (got {e.replicas}). Fix: engine.replicas=1")
+    if several and e.kind is not EngineKind.vllm:
+        out.append(
+            f"engine.replicas / engine.urls serve from several vLLM servers, but engine={e.kind.value} runs one "
+            "process. Fix: engine=vllm, or engine.replicas=1 engine.urls=[]"
+        )
+    if e.urls and (e.replicas > 1 or e.url):
+        out.append(
+            "engine.urls attaches running servers, while engine.replicas launches them and engine.url attaches "
+            "one: set only one of them. Fix: engine.replicas=1 engine.url=null with engine.urls=[...]"
+        )
+    if e.replicas > 1 and e.url:
+        out.append(
+            "engine.url attaches one server, engine.replicas launches several. Fix: engine.url=null, or "
+            "engine.urls=[...] for servers you run yourself"
+        )
+    if several and e.weight_sync is WeightSyncKind.nccl:
+        out.append(
+            "engine.weight_sync=nccl broadcasts to one server's workers (one NCCL group); replicas are not "
+            "supported with it yet. Fix: engine.weight_sync=reload or file_transfer (staged once, loaded by each)"
+        )
+    if e.replica_cpus:
+        out += _check_replica_cpus(e.replica_cpus, e.replicas)
+    return out
+
+
+def _check_replica_cpus(lists: list[str], replicas: int) -> list[str]:
+    from fineenvs.engine.devices import parse_core_list
+
+    if len(lists) != replicas:
+        return [
+            f"engine.replica_cpus has {len(lists)} core lists for engine.replicas={replicas}: one per replica. "
+            "Fix: engine.replica_cpus=[] (the cores split evenly) or one list each"
+        ]
+    seen: dict[int, int] = {}
+    out = []
+    for i, spec in enumerate(lists):
+        try:
+            cores = parse_core_list(spec)
+        except ValueError as err:
+            out.append(f"engine.replica_cpus[{i}]={spec!r}: {err}")
+            continue
+        for core in cores:
+            if core in seen:
+                out.append(
+                    f"engine.replica_cpus gives core {core} to replicas {seen[core]} and {i}: replicas on one core "
+                    "slow each other down unpredictably. Fix: disjoint lists, e.g. [0-3, 4-7]"
+                )
+                break
+            seen[core] = i
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +153,8 @@ def vllm_args(run: RunConfig) -> VLLMServeArgs:
         weight_sync=sync.value if sync in VLLM_WEIGHT_SYNCS else None,
         extra_args=list(e.extra_args),
         python=vllm_python(run),
+        # Each replica is named at launch (start_replicas); the plan shows the first one's command.
+        replica="r0" if e.replicas > 1 else None,
     )
 
 
@@ -187,10 +189,36 @@ def device_plan(
         parse_nvidia_smi(listing),
         visible=visible_from_env(env),
         engine_devices=[str(d) for d in e.devices],
-        needed=e.tensor_parallel_size * e.data_parallel_size,
+        needed=e.tensor_parallel_size * e.data_parallel_size * e.replicas,
         training=trains(run),
         trainer_processes=processes,
     )
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """One launched vLLM replica: its name, its GPUs (cuda) or its cores (cpu)."""
+
+    name: str
+    devices: tuple[str, ...] | None
+    cpus: str
+
+
+def replica_plans(run: RunConfig) -> list[ReplicaPlan]:
+    """The launched servers and what each gets: ``engine.replicas`` of them (one without replicas).
+    Raises ``DeviceError`` (a ``ValueError``) with the fix when the machine cannot hold them."""
+    from fineenvs.engine.devices import per_replica, split_cores, usable_cores
+
+    e = run.engine
+    n = e.replicas
+    if engine_platform(run) == "cuda":
+        plan = device_plan(run)
+        groups: list[tuple[str, ...] | None] = list(per_replica(plan.engine, n)) if plan else [None] * n
+        return [ReplicaPlan(f"r{i}", g, e.cpu_threads_bind) for i, g in enumerate(groups)]
+    if n == 1:
+        return [ReplicaPlan("r0", None, e.cpu_threads_bind)]
+    cpus = list(e.replica_cpus) or split_cores(usable_cores(), n)
+    return [ReplicaPlan(f"r{i}", None, c) for i, c in enumerate(cpus)]
 
 
 def _kv(obj: Any, indent: str = "    ") -> list[str]:
@@ -232,6 +260,14 @@ def _engine_lines(run: RunConfig) -> list[str]:
     sync = effective_weight_sync(run).value
     if e.url:
         out = [f"  engine: {e.kind.value}, attach to {e.url} (weight sync: {sync})"]
+    elif e.urls:
+        out = [f"  engine: vllm, attach to {len(e.urls)} replicas (weight sync: {sync}): {', '.join(e.urls)}"]
+        out += _router_lines(run, list(e.urls))
+    elif e.kind is EngineKind.vllm and e.replicas > 1:
+        out = [
+            f"  engine: vllm, {e.replicas} replicas launched (weight sync: {sync}); each one's serve command:"
+        ]
+        out += [*_vllm_lines(run), *_replica_lines(run)]
     elif e.kind is EngineKind.vllm:
         out = [f"  engine: vllm, launched (weight sync: {sync}); serve command:", *_vllm_lines(run)]
     else:
@@ -275,6 +311,39 @@ def _vllm_lines(run: RunConfig) -> list[str]:
     else:
         out.append(f"    platform: cuda; GPUs: {devices.reason if devices else 'none launched'}")
     return out
+
+
+def _replica_lines(run: RunConfig) -> list[str]:
+    """Each launched replica's devices, then the router in front of them."""
+    try:
+        plans = replica_plans(run)
+    except ValueError as err:
+        return [f"    replicas: cannot place them: {err}"]
+    out = []
+    for plan in plans:
+        where = f"GPUs {','.join(plan.devices)}" if plan.devices else f"cores {plan.cpus}"
+        out.append(
+            f"    replica {plan.name}: {where}, its own free port, --middleware (names it in x-fineenvs-replica)"
+        )
+    return out + _router_lines(run, [f"http://{run.engine.host}:<{p.name} port>" for p in plans])
+
+
+def _router_lines(run: RunConfig, worker_urls: list[str]) -> list[str]:
+    """The router the replicas sit behind: attached, or launched with its command line."""
+    from fineenvs.engine.router import ROUTER_VERSION, SESSION_HEADER, router_command
+
+    r = run.engine.router
+    policy = f"policy {r.policy}" + (
+        f" on the {SESSION_HEADER} header the proxy sends" if r.policy == "consistent_hash" else ""
+    )
+    if r.url:
+        return [f"  router: attach to {r.url} ({policy}; it must route to the replicas above)"]
+    command = router_command(r, worker_urls, port=r.port, prometheus_port=0)
+    return [
+        f"  router: vllm-router {ROUTER_VERSION}, launched ({policy}); control calls go to each replica directly:",
+        "    " + shlex.join(command),
+        "    (port 0: free ports at launch)",
+    ]
 
 
 def _rollout_lines(run: RunConfig) -> list[str]:
@@ -362,6 +431,27 @@ def preflight(run: RunConfig) -> list[str]:
     problems += _teacher_collection_problems(run)
     problems += _attached_engine_problems(run)
     problems += _task_selection_problems(run)
+    problems += _replica_problems(run)
+    return problems
+
+
+def _replica_problems(run: RunConfig) -> list[str]:
+    """Several servers: the pinned router installed (unless attached), the replicas placeable."""
+    e = run.engine
+    if e.replicas == 1 and not e.urls:
+        return []
+    from fineenvs.engine.router import router_problem
+
+    problems = []
+    if not e.router.url:
+        problem = router_problem(e.router)
+        if problem:
+            problems.append(problem)
+    if e.replicas > 1:
+        try:
+            replica_plans(run)
+        except ValueError as err:
+            problems.append(str(err))
     return problems
 
 

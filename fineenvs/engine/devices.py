@@ -235,3 +235,44 @@ def _no_trainer_gpu(gpus: list[Gpu], needed: int) -> str:
         "run on a machine with one more GPU, lower engine.data_parallel_size, or attach to a vLLM server "
         "on other GPUs with engine.url=http://HOST:PORT."
     )
+
+
+# --- replicas ------------------------------------------------------------------------------------
+
+
+def per_replica(devices: tuple[str, ...], replicas: int) -> list[tuple[str, ...]]:
+    """The engine's GPUs in order, ``len(devices) // replicas`` to each replica (TP x DP each)."""
+    size, rest = divmod(len(devices), replicas)
+    if size == 0 or rest:
+        raise DeviceError(
+            f"{len(devices)} GPU(s) for vLLM ({', '.join(devices)}) do not split into {replicas} replicas of "
+            "engine.tensor_parallel_size x engine.data_parallel_size each. Fix: engine.replicas, or the GPUs "
+            "given (engine.devices, CUDA_VISIBLE_DEVICES)"
+        )
+    return [devices[i * size : (i + 1) * size] for i in range(replicas)]
+
+
+def parse_core_list(spec: str) -> list[int]:
+    """``"0-3,6"`` -> ``[0, 1, 2, 3, 6]`` (the syntax of ``VLLM_CPU_OMP_THREADS_BIND`` and taskset)."""
+    cores: list[int] = []
+    for part in spec.replace(" ", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ValueError(f"{part!r} is not a core or a range of cores. Fix: a list like 0-3,6")
+        cores += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    return cores
+
+
+def split_cores(cores: list[int], replicas: int) -> list[str]:
+    """This machine's ``cores`` in order, an even share to each replica, as core lists."""
+    size = len(cores) // replicas
+    if size == 0:
+        raise DeviceError(
+            f"engine.replicas={replicas} on the CPU needs a core per replica at least, and this process may "
+            f"use {len(cores)} ({cores}). Fix: engine.replicas={len(cores) or 1}, or run on a larger machine"
+        )
+    return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(replicas)]
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from subprocess import Popen
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
@@ -41,6 +41,9 @@ from fineenvs.engine.vllm import (
 )
 from fineenvs.engine.weights import EmbeddedWeightSync, WeightSync, vllm_weight_sync
 
+if TYPE_CHECKING:
+    from fineenvs.engine.replicas import ReplicaSet
+
 EngineKind = Literal["transformers", "vllm", "attached"]
 
 
@@ -55,6 +58,8 @@ class EngineHandle:
     pid: int | None = None
     scratch_dir: Path | None = None
     """The launched server's own temporary directory (vLLM's IPC sockets), removed when it stops."""
+    replicas: ReplicaSet | None = None
+    """Several servers behind a router (``url`` is the router's): their direct URLs and control."""
 
     @property
     def openai_base_url(self) -> str:
@@ -189,6 +194,11 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
             if not (may_retry and isinstance(exc, EngineStartError) and _port_taken(exc)):
                 raise
 
+    @property
+    def process(self) -> Popen[bytes] | None:
+        """The server's process while it runs (None before the start and after the stop)."""
+        return self._launch.proc if self._launch is not None else None
+
     def _started(self, launch: Launched, handle: EngineHandle, proc: Popen[bytes]) -> EngineHandle:
         self._launch, self.handle, handle.pid = launch, handle, proc.pid
         return handle
@@ -207,6 +217,28 @@ class EngineLaunch(AbstractContextManager[EngineHandle], AbstractAsyncContextMan
                 yield self._launch  # the engine stops here, even when closing the weight sync failed
         finally:
             _remove_scratch(handle)
+
+    def start(self) -> None:
+        """Start the server on a fixed port without waiting (``wait`` waits): replicas start
+        together and load their models side by side. The process is tied to this thread."""
+        if self.port == 0:
+            raise ValueError(
+                "EngineLaunch.start needs a fixed port (a taken free port is retried only by `with`)"
+            )
+        cmd, env, handle = self.build(self.port)
+        launch = self._launched(cmd, env, handle)
+        with self._retrying(handle, may_retry=False):
+            self._started(launch, handle, launch._start())
+
+    def wait(self) -> EngineHandle:
+        """Block until the server started by ``start`` is healthy; stop it if it never is."""
+        assert self._launch is not None and self.handle is not None and self._launch.proc is not None
+        try:
+            self._launch._wait_healthy(self._launch.proc)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self.handle
 
     def __enter__(self) -> EngineHandle:
         for launch, handle, may_retry in self._attempts():
@@ -252,6 +284,7 @@ def launch_transformers_engine(
     tool_call_parser: str | None = None,
     policy: str | None = None,
     prefix_cache_mib: int | None = None,
+    replica_name: str | None = None,
     python: str | None = None,
     timeout_s: float = 180.0,
     grace_s: float = 10.0,
@@ -266,6 +299,7 @@ def launch_transformers_engine(
         "--tool-call-parser": tool_call_parser,
         "--policy": policy,
         "--prefix-cache-mib": prefix_cache_mib,
+        "--replica-name": replica_name,
     }
 
     def build(chosen: int) -> tuple[list[str], dict[str, str] | None, EngineHandle]:

@@ -96,6 +96,8 @@ class ParityCheck:
     seconds: float = 0.0
     ok: bool = True
     problem: str = ""
+    replicas: int = 1
+    """Servers scored (behind a router each serving replica is; the figures are the worst one's)."""
 
     def metrics(self) -> dict[str, float]:
         out = {
@@ -204,8 +206,11 @@ class ParityGate:
         tolerance: float,
         out_dir: Path | None = None,
         client: httpx.Client | None = None,
+        replicas: Callable[[], list[str]] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.replicas = replicas
+        """The serving replicas' direct URLs, when ``url`` is their router."""
         self.model = model
         self.tolerance = tolerance
         self.out_dir = out_dir
@@ -225,12 +230,38 @@ class ParityGate:
         return self.sequences
 
     def check(self, version: int, trainer: Scorer) -> ParityCheck:
-        """Score the sequences on both sides; raise ``ParityError`` when they disagree."""
+        """Score the sequences on both sides; raise ``ParityError`` when they disagree. Behind a
+        router every serving replica is scored directly, and the worst one is the check."""
         if not self.sequences:
             raise RuntimeError("ParityGate.check before prepare()")
         start = time.perf_counter()
-        engine = engine_logprobs(self.url, self.model, self.sequences, self.client)
+        urls = self.replicas() if self.replicas is not None else [self.url]
+        engines = [engine_logprobs(url, self.model, self.sequences, self.client) for url in urls]
         ours = trainer(self.sequences)
+        checks = [self._judge(url, engine, ours, version) for url, engine in zip(urls, engines, strict=True)]
+        check = max(checks, key=lambda c: (not c.ok, c.mean_abs_diff))
+        if len(urls) > 1:
+            check = replace(check, replicas=len(urls))
+        check = replace(check, seconds=time.perf_counter() - start)
+        self.checks.append(check)
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "checks.jsonl", "a") as f:
+                f.write(json.dumps(asdict(check)) + "\n")
+        if not check.ok:
+            raise ParityError(f"parity gate: {check.problem}")
+        if self._noise is None:
+            self._noise = check.mean_abs_diff
+        if self._previous is None or self._moved(ours):
+            # The anchor stays until the trainer has moved clearly away from it: a push that never
+            # takes is caught after a few small steps, not judged step by step inside the noise.
+            self._previous = (version, ours)
+        return check
+
+    def _judge(
+        self, url: str, engine: list[list[float]], ours: list[list[float]], version: int
+    ) -> ParityCheck:
+        """One server's logprobs against the trainer's: the figures, and the problem if any."""
         diffs = [x - y for re, rt in zip(engine, ours, strict=True) for x, y in zip(re, rt, strict=True)]
         mean_abs = sum(abs(d) for d in diffs) / len(diffs)
         check = ParityCheck(
@@ -244,7 +275,7 @@ class ParityGate:
         problem = ""
         if not math.isfinite(mean_abs) or mean_abs > self.tolerance:
             problem = (
-                f"the engine at {self.url} disagrees with the trainer on {len(self.sequences)} fixed sequences by "
+                f"the engine at {url} disagrees with the trainer on {len(self.sequences)} fixed sequences by "
                 f"{mean_abs:.3g} nats per token on average (tolerance {self.tolerance:.2g}, from the dtypes; "
                 f"fineenvs.engine.parity): it does not serve the weights the trainer holds at version {version}."
             )
@@ -258,10 +289,10 @@ class ParityGate:
             noise = self._noise if self._noise is not None else self.tolerance
             if moved > NOISE_MULTIPLE * noise and to_previous < mean_abs:
                 problem = (
-                    f"the push of version {version} did not take: the engine's logprobs are {to_previous:.3g} from "
-                    f"the trainer's weights of version {previous_version} and {mean_abs:.3g} from version "
-                    f"{version}'s, while the trainer moved {moved:.3g} between them (the engine's noise is "
-                    f"{noise:.3g}). "
+                    f"the push of version {version} did not take at {url}: the engine's logprobs are "
+                    f"{to_previous:.3g} from the trainer's weights of version {previous_version} and "
+                    f"{mean_abs:.3g} from version {version}'s, while the trainer moved {moved:.3g} between "
+                    f"them (the engine's noise is {noise:.3g}). "
                 ) + (problem and "Also: " + problem)
         if problem:
             problem += (
@@ -271,20 +302,6 @@ class ParityGate:
                 "(engine.dtype, engine.parity_tolerance)."
             )
             check = replace(check, ok=False, problem=problem)
-        check = replace(check, seconds=time.perf_counter() - start)
-        self.checks.append(check)
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.out_dir / "checks.jsonl", "a") as f:
-                f.write(json.dumps(asdict(check)) + "\n")
-        if not check.ok:
-            raise ParityError(f"parity gate: {problem}")
-        if self._noise is None:
-            self._noise = mean_abs
-        if self._previous is None or self._moved(ours):
-            # The anchor stays until the trainer has moved clearly away from it: a push that never
-            # takes is caught after a few small steps, not judged step by step inside the noise.
-            self._previous = (version, ours)
         return check
 
     def _moved(self, ours: list[list[float]]) -> bool:

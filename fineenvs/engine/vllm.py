@@ -67,6 +67,10 @@ class ServingProfile(StrEnum):
     generic = "generic"
 
 
+REPLICA_MIDDLEWARE = "fineenvs_vllm_plugin.ReplicaHeaderMiddleware"
+"""The ASGI middleware of fineenvs' vLLM plugin that names the replica on every response."""
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     tool_call_parser: str | None
@@ -214,6 +218,9 @@ class VLLMServeArgs:
     devices: tuple[str, ...] | None = None
     """GPUs the server may use (indices or UUIDs, as ``nvidia-smi -L`` lists them): its
     ``CUDA_VISIBLE_DEVICES``. None inherits the caller's."""
+    replica: str | None = None
+    """The replica's name when several serve behind a router: every response then carries it in
+    ``x-fineenvs-replica`` (fineenvs' plugin's middleware), so each call record names its server."""
 
     def __post_init__(self) -> None:
         errors = []
@@ -350,6 +357,8 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
     if args.weight_sync in TRANSFER_BACKENDS:
         cmd += ["--weight-transfer-config", _compact_json({"backend": TRANSFER_BACKENDS[args.weight_sync]})]
     cmd += list(profile.extra_args)
+    if args.replica is not None:
+        cmd += ["--middleware", REPLICA_MIDDLEWARE]
     cmd += list(args.extra_args)
     return cmd
 
@@ -367,6 +376,8 @@ def build_serve_env(args: VLLMServeArgs, base: dict[str, str] | None = None) -> 
             env["VLLM_CACHE_ROOT"] = str(cache_dir() / "vllm" / "runtime-cache")
     # vLLM reports usage to its authors unless told not to; a training run sends nothing out.
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if args.replica is not None:
+        env["FINEENVS_REPLICA"] = args.replica
     if args.devices is not None:
         # vLLM takes gpu_memory_utilization of every GPU it sees: it must see only its own,
         # numbered as nvidia-smi numbers them (PCI bus order; CUDA's default is fastest first).

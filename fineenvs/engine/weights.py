@@ -385,14 +385,19 @@ class _VLLMWeightSync:
 
     def _swap(self, weights: Weights, version: int) -> int:
         with self.server.paused():
-            self._begin()
-            self.server.moving()
-            self._load(weights, version)
-            self.server.weights = "new"
-            self._stamp(version)
-            self.server.reset_prefix_cache()
+            self.install(weights, version)
         self.server.check_version(version)
         return version
+
+    def install(self, weights: Weights, version: int) -> None:
+        """Load ``weights`` as ``version`` and drop the prefix cache, on a paused server (a replica
+        set pauses every replica first, installs on each, then resumes them all)."""
+        self._begin()
+        self.server.moving()
+        self._load(weights, version)
+        self.server.weights = "new"
+        self._stamp(version)
+        self.server.reset_prefix_cache()
 
     def _begin(self) -> None:
         """A step before any weights move (a failure here leaves the previous weights served)."""
@@ -421,7 +426,7 @@ class _VLLMWeightSync:
                 self.client.close()
 
 
-class _StagedVLLMWeightSync(_VLLMWeightSync):
+class StagedVLLMWeightSync(_VLLMWeightSync):
     """A vLLM push that reads the weights from a file or folder staged under ``staging_dir`` (the
     last ``keep`` versions stay). Staging happens before the pause: saving is the slow part, and
     generation continues meanwhile."""
@@ -440,24 +445,33 @@ class _StagedVLLMWeightSync(_VLLMWeightSync):
         self.staging_dir = staging_dir
         self._staged = _StagedWeights(staging_dir, keep)
 
-    def _stage(self, weights: Weights, version: int) -> Path:
+    def stage(self, weights: Weights, version: int) -> Path:
+        """Write ``weights`` under the staging folder (before any pause: saving is the slow part)."""
         raise NotImplementedError
 
-    def push(self, weights: Weights, version: int) -> int:
-        path = self._stage(weights, version)
-        self._swap(path, version)
+    def ready(self, staged: Path) -> None:
+        """What this server needs before it loads ``staged`` (replicas share one staged copy)."""
+
+    def prune(self) -> None:
         self._staged.prune()
+
+    def push(self, weights: Weights, version: int) -> int:
+        path = self.stage(weights, version)
+        self.ready(path)
+        self._swap(path, version)
+        self.prune()
         return version
 
 
-class VLLMReloadWeightSync(_StagedVLLMWeightSync):
+class VLLMReloadWeightSync(StagedVLLMWeightSync):
     """Save a checkpoint and make vLLM reload it from disk (needs ``VLLM_SERVER_DEV_MODE=1``)."""
 
-    def _stage(self, weights: Weights, version: int) -> Path:
-        path = self._staged.stage(weights, version)
-        if not path.is_dir():  # checked again: a missing folder kills vLLM's worker
-            raise WeightSyncError(f"staged weights {path} vanished before the reload; nothing was sent.")
-        return path
+    def stage(self, weights: Weights, version: int) -> Path:
+        return self._staged.stage(weights, version)
+
+    def ready(self, staged: Path) -> None:
+        if not staged.is_dir():  # checked again: a missing folder kills vLLM's worker
+            raise WeightSyncError(f"staged weights {staged} vanished before the reload; nothing was sent.")
 
     def _load(self, weights: Weights, version: int) -> None:
         self.server.post(
@@ -474,7 +488,7 @@ class VLLMReloadWeightSync(_StagedVLLMWeightSync):
 TRANSFER_BACKEND = "fineenvs_file"
 
 
-class VLLMFileTransferWeightSync(_StagedVLLMWeightSync):
+class VLLMFileTransferWeightSync(StagedVLLMWeightSync):
     """vLLM's weight-transfer routes with fineenvs' file backend (``fineenvs_vllm_plugin``): the
     four phases NCCL uses, the tensors in a safetensors file in ``staging_dir``."""
 
@@ -494,11 +508,12 @@ class VLLMFileTransferWeightSync(_StagedVLLMWeightSync):
         )
         self._initialised = True
 
-    def _stage(self, weights: Weights, version: int) -> Path:
-        path = self._staged.stage_file(weights, version)  # written and checked before the pause
+    def stage(self, weights: Weights, version: int) -> Path:
+        return self._staged.stage_file(weights, version)  # written and checked before the pause
+
+    def ready(self, staged: Path) -> None:
         if not self._initialised:
             self._init()
-        return path
 
     def _begin(self) -> None:
         self.server.post("/start_weight_update", "start_weight_update")

@@ -16,13 +16,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fineenvs.config import EngineKind, ModelSource, RunConfig, engine_dtype
+from fineenvs.config import VLLM_WEIGHT_SYNCS, EngineKind, ModelSource, RunConfig, engine_dtype
 from fineenvs.rollout.attempt import AttemptSettings
 from fineenvs.trajectory import RowOptions
 
 if TYPE_CHECKING:
-    from fineenvs.engine.handle import EngineHandle
-    from fineenvs.engine.weights import WeightSync
+    from fineenvs.engine.handle import EngineHandle, EngineLaunch
+    from fineenvs.engine.replicas import Replica
+    from fineenvs.engine.vllm import VLLMServeArgs
+    from fineenvs.engine.weights import StagedVLLMWeightSync, WeightSync
     from fineenvs.rewards import RewardResult
 
 
@@ -51,6 +53,8 @@ def start_engine(
     e = run.engine
     if e.url:
         return attach(e.url, weight_sync=attached_weight_sync(run, e.url, out))
+    if e.replicas > 1 or e.urls:
+        return start_replicas(run, out, stack, served_model_name=served_model_name)
     if e.kind is EngineKind.transformers:
         # The directory the trainer loads (a tiny model is built for model.seed), so engine and
         # trainer always hold the same weights.
@@ -84,6 +88,106 @@ def start_engine(
         print(f"vLLM on the CPU (its CPU build, {args.python or 'vllm from PATH'})", flush=True)
     args = prepare_chat_template(args)  # vLLM refuses to start on a template it cannot open
     return stack.enter_context(launch_vllm(args, out / "engine", timeout_s=e.health_timeout_seconds))
+
+
+def start_replicas(
+    run: RunConfig, out: Path, stack: ExitStack | AsyncExitStack, *, served_model_name: str | None = None
+) -> EngineHandle:
+    """``engine.replicas`` vLLM servers launched side by side (or ``engine.urls`` attached) behind
+    vLLM's router; the handle's URL is the router's and its weight sync the replica set."""
+    from fineenvs.engine import EngineHandle, launch_vllm
+    from fineenvs.engine.launcher import free_port
+    from fineenvs.engine.replicas import Replica, ReplicaSet
+    from fineenvs.engine.router import attach_router, launch_router
+    from fineenvs.engine.vllm import prepare_chat_template
+    from fineenvs.engine.weights import StagedVLLMWeightSync, VLLMReloadWeightSync, vllm_weight_sync
+    from fineenvs.plan import effective_weight_sync, replica_plans, vllm_args
+
+    e = run.engine
+    mode = effective_weight_sync(run).value if effective_weight_sync(run) in VLLM_WEIGHT_SYNCS else None
+    staging = out / "engine" / "weights"
+    args = vllm_args(run)
+    if served_model_name:
+        args = replace(args, served_model_name=served_model_name)
+    args = prepare_chat_template(replace(args, chat_template_dir=out / "engine"))
+
+    def sync_for(url: str, log: Path | None) -> StagedVLLMWeightSync:
+        # Without pushes (evaluation) the replicas still get a sync: a restart labels its version.
+        sync = vllm_weight_sync(mode, url, staging, log) if mode else VLLMReloadWeightSync(url, staging)
+        assert isinstance(sync, StagedVLLMWeightSync), "nccl with replicas is refused at compose time"
+        return sync
+
+    replicas: list[Replica] = []
+    launches: list[EngineLaunch] = []
+    if e.urls:
+        for i, url in enumerate(e.urls):
+            base = url.rstrip("/").removesuffix("/v1")
+            replicas.append(Replica(f"r{i}", base, sync_for(base, None)))
+    else:
+        for plan in replica_plans(run):
+            served = replace(
+                args,
+                port=free_port(e.host),
+                devices=plan.devices,
+                cpu_threads_bind=plan.cpus,
+                replica=plan.name,
+            )
+
+            def relaunch(served: VLLMServeArgs = served) -> tuple[EngineLaunch, StagedVLLMWeightSync]:
+                log_dir = out / "engine" / (served.replica or "r")
+                launch = launch_vllm(served, log_dir, timeout_s=e.health_timeout_seconds)
+                return launch, sync_for(served.url, log_dir / "vllm.log")
+
+            launch, sync = relaunch()
+            launches.append(launch)
+            replicas.append(Replica(plan.name, served.url, sync, launch=launch, relaunch=relaunch))
+        _start_together(launches)
+    try:
+        urls = [r.url for r in replicas]
+        router = (
+            attach_router(e.router.url)
+            if e.router.url
+            else stack.enter_context(
+                launch_router(e.router, urls, out / "engine", timeout_s=e.health_timeout_seconds)
+            )
+        )
+    except BaseException:
+        ReplicaSet(replicas, None).close()  # type: ignore[arg-type]  # stop what was launched
+        raise
+    replica_set = ReplicaSet(replicas, router)
+    stack.callback(replica_set.close)  # before the router stops (the stack unwinds in reverse)
+    replica_set.watch()
+    print(
+        f"vLLM: {len(replicas)} replicas ({', '.join(f'{r.name} {r.url}' for r in replicas)}) behind "
+        f"vllm-router {router.url} (policy {e.router.policy})",
+        flush=True,
+    )
+    return EngineHandle(
+        url=router.url,
+        served_model_name=args.name,
+        kind="vllm" if not e.urls else "attached",
+        weight_sync=replica_set if mode else None,
+        log_path=out / "engine" / "router.log",
+        replicas=replica_set,
+    )
+
+
+def _start_together(launches: list[EngineLaunch]) -> None:
+    """Start every replica's server on this thread, then wait for all of them at once (each loads
+    its model meanwhile); any failure stops them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        for launch in launches:
+            launch.start()
+        with ThreadPoolExecutor(max_workers=len(launches)) as pool:
+            for future in [pool.submit(launch.wait) for launch in launches]:
+                future.result()
+    except BaseException:
+        for launch in launches:
+            if launch.process is not None and launch.process.poll() is None:
+                launch.__exit__(None, None, None)
+        raise
 
 
 def attached_weight_sync(run: RunConfig, url: str, out: Path) -> WeightSync | None:
@@ -142,6 +246,7 @@ def start_proxy(run: RunConfig, engine: EngineHandle, out: Path, stack: ExitStac
         "--max-upstream-concurrency", str(p.max_upstream_concurrency),
         "--retries", str(p.retries),
         "--workers", str(p.workers),
+        *[arg for r in (engine.replicas.replicas if engine.replicas else []) for arg in ("--replica-url", r.url)],
         *([] if p.fsync else ["--no-fsync"]),
     ]  # fmt: skip
     env = dict(os.environ, FINEENVS_ADMIN_KEY=p.admin_key) if p.admin_key else None

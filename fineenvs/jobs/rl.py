@@ -594,7 +594,10 @@ def parity_gate(run: RunConfig, engine: EngineHandle, out: Path) -> ParityGate:
 
     assert isinstance(run.trainer, GRPOSettings)
     allowed = run.engine.parity_tolerance or tolerance(engine_dtype(run), run.trainer.dtype)
-    return ParityGate(engine.url, engine.served_model_name, tolerance=allowed, out_dir=out / "parity")
+    replicas = engine.replicas.serving_urls if engine.replicas is not None else None
+    return ParityGate(
+        engine.url, engine.served_model_name, tolerance=allowed, out_dir=out / "parity", replicas=replicas
+    )
 
 
 def in_training_eval_due(step: int, t: GRPOSettings) -> bool:

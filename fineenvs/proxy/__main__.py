@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=_D.workers,
         help="proxy processes, each owning a shard of the sessions (one per spare core; ports P..P+N-1)",
     )
+    serve.add_argument(
+        "--replica-url",
+        action="append",
+        default=[],
+        help="a server behind the router --engine-url names (repeat for each): read for its weight version",
+    )
     serve.add_argument("--log-level", default="warning")
     return parser
 
@@ -66,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ProxySettings:
     return ProxySettings(
         upstream_url=args.engine_url,
+        replica_urls=list(args.replica_url),
         served_model=args.served_model,
         host=args.host,
         port=args.port,

@@ -372,6 +372,7 @@ class ProxyApp:
                 "finish_reason": result.finish_reason,
                 "weight_version": result.weight_version,
                 "weight_versions": result.weight_versions,
+                "replica": result.replica,
                 "usage": result.completion.get("usage"),
                 "notes": [*call.fields["notes"], *result.notes],
                 "timings": {
@@ -397,7 +398,9 @@ class ProxyApp:
         started = time.perf_counter()
         async with self.upstream_slots:
             version_before = await self.versions.read()
-            resp, attempts = await post_with_retries(self.upstream, self.settings, call.payload)
+            resp, attempts = await post_with_retries(
+                self.upstream, self.settings, call.payload, call.session.session_id
+            )
         call.payload = b""  # answered: free it before waiting for a CPU turn
         async with self.cpu_turn:
             result = decode_reply(
@@ -560,6 +563,7 @@ def create_proxy_app(
                 await asyncio.gather(*proxy.tasks, return_exceptions=True)
             if upstream is None:
                 await engine.aclose()
+            await proxy.versions.aclose()
             await asyncio.to_thread(store.close)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -40,7 +41,9 @@ class EngineResponse:
 
 
 class EngineClient(Protocol):
-    async def post_json(self, url: str, payload: bytes, *, timeout: float) -> EngineResponse: ...
+    async def post_json(
+        self, url: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> EngineResponse: ...
 
     async def get(self, url: str, *, timeout: float) -> EngineResponse: ...
 
@@ -53,10 +56,15 @@ class HttpxEngine:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
 
-    async def post_json(self, url: str, payload: bytes, *, timeout: float) -> EngineResponse:
+    async def post_json(
+        self, url: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> EngineResponse:
         try:
             resp = await self.client.post(
-                url, content=payload, headers={"content-type": "application/json"}, timeout=timeout
+                url,
+                content=payload,
+                headers={"content-type": "application/json", **(headers or {})},
+                timeout=timeout,
             )
         except httpx.TransportError as exc:
             raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from exc
@@ -71,6 +79,13 @@ class HttpxEngine:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _header_line(name: str, value: str) -> bytes:
+    """One request header line; a value with a line break would smuggle another header in."""
+    if any(c in name + value for c in "\r\n") or not name:
+        raise ValueError(f"header {name!r} has a line break or no name")
+    return name.encode("latin-1") + b": " + value.encode("latin-1") + b"\r\n"
 
 
 class _NothingBack(Exception):
@@ -107,12 +122,18 @@ class RawEngine:
                 f"cannot connect to {self.host}:{self.port} ({type(exc).__name__}: {exc})"
             ) from exc
 
-    async def post_json(self, url: str, payload: bytes, *, timeout: float) -> EngineResponse:
+    async def post_json(
+        self, url: str, payload: bytes, *, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> EngineResponse:
         path = urlsplit(url).path or "/"
+        extra = b"".join(_header_line(k, v) for k, v in (headers or {}).items())
         head = (
             b"POST " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host_header + b"\r\n"
             b"content-type: application/json\r\naccept: application/json\r\n"
-            b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
+            + extra
+            + b"content-length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
         )
         return await self._request(head, payload, timeout)
 

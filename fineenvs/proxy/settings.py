@@ -83,6 +83,9 @@ class ProxySettings(ProxyOptions):
     retry_backoff_s: float = 0.5
     max_retry_after_s: float = 60.0
     upstream_timeout_s: float = 600.0
+    replica_urls: list[str] = field(default_factory=list)
+    """The servers behind a router (``upstream_url``), read directly for their weight version:
+    the router forwards generation, not ``/weight_info``."""
 
     @property
     def store_path(self) -> Path:

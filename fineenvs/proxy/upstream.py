@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from fineenvs.engine.router import REPLICA_HEADER, SESSION_HEADER
 from fineenvs.jsonl import JsonObject
 from fineenvs.proxy.delta import Prompt, parse_ids
-from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable
+from fineenvs.proxy.engine_client import EngineClient, EngineResponse, EngineUnreachable, RawEngine
 from fineenvs.proxy.settings import ProxySettings
 
 SAMPLING_KEYS = (
@@ -117,6 +118,8 @@ class EngineResult:
     notes: list[str] = field(default_factory=list)
     weight_versions: list[JsonObject] | None = None
     """The engine's spans as it sent them (vLLM: ``[{"version", "start", "end"}]``)."""
+    replica: str | None = None
+    """The replica that answered, behind a router (its ``x-fineenvs-replica`` header)."""
 
 
 def build_engine_request(canonical: JsonObject, settings: ProxySettings) -> EngineRequest:
@@ -213,15 +216,20 @@ def _retry_after(resp: EngineResponse, cap: float) -> float | None:
 
 
 async def post_with_retries(
-    client: EngineClient, settings: ProxySettings, payload: bytes
+    client: EngineClient, settings: ProxySettings, payload: bytes, session_id: str
 ) -> tuple[EngineResponse, int]:
-    """POST the serialized request to the engine; returns a 2xx response or raises ``UpstreamError``."""
+    """POST the serialized request to the engine; returns a 2xx response or raises ``UpstreamError``.
+
+    The session id goes along in vllm-router's session header: its consistent-hash policy pins
+    every call of a session to one replica (its prefix cache), and a retry after the replica
+    died lands on the replica the router then hashes the session to."""
     url = settings.upstream_url.rstrip("/") + "/v1/chat/completions"
+    headers = {SESSION_HEADER: session_id}
     last = "no attempt made"
     for attempt in range(1, settings.retries + 1):
         delay = settings.retry_backoff_s * (2 ** (attempt - 1))
         try:
-            resp = await client.post_json(url, payload, timeout=settings.upstream_timeout_s)
+            resp = await client.post_json(url, payload, timeout=settings.upstream_timeout_s, headers=headers)
         except EngineUnreachable as exc:
             last = f"engine at {settings.upstream_url} unreachable ({exc})"
         else:
@@ -327,30 +335,49 @@ class VersionBracket:
     answer to it fails in any other way, too.
     """
 
-    def __init__(self, client: EngineClient, settings: ProxySettings) -> None:
-        self.client = client
-        self.url = settings.upstream_url.rstrip("/") + "/weight_info"
+    def __init__(
+        self,
+        client: EngineClient,
+        settings: ProxySettings,
+        replica_client: Callable[[str], EngineClient] = lambda url: RawEngine(url, max_connections=4),
+    ) -> None:
+        # Behind a router, each replica is read directly (one client each; ``RawEngine`` speaks
+        # to one host). A replica set pauses every replica for a push and resumes them once all
+        # hold the new version, so any replica that answers with a number gives the version.
+        self.sources: list[tuple[EngineClient, str]] = [
+            (replica_client(url), url.rstrip("/") + "/weight_info") for url in settings.replica_urls
+        ] or [(client, settings.upstream_url.rstrip("/") + "/weight_info")]
+        self._own = bool(settings.replica_urls)
         self.mode = "unknown"  # "reply": replies carry versions; "read": bracket; "off": cannot
 
     async def read(self) -> int | None:
         """The engine's current numeric weight version (None: not now, or not this engine)."""
         if self.mode in ("reply", "off"):
             return None
-        try:
-            resp = await self.client.get(self.url, timeout=10.0)
-        except EngineUnreachable:
-            return None
-        except Exception:  # noqa: BLE001 - a best-effort reading must never fail the call it brackets
-            self.mode = "off"
-            return None
-        if resp.status_code == 404:
-            self.mode = "off"
-            return None
-        try:
-            label = orjson.loads(resp.content).get("weight_version") if resp.status_code == 200 else None
-        except (orjson.JSONDecodeError, AttributeError):
-            return None
-        return _version_number(label)
+        for client, url in self.sources:
+            try:
+                resp = await client.get(url, timeout=10.0)
+            except EngineUnreachable:
+                continue  # a replica that died: another one answers
+            except Exception:  # noqa: BLE001 - a best-effort reading must never fail the call it brackets
+                self.mode = "off"
+                return None
+            if resp.status_code == 404:
+                self.mode = "off"
+                return None
+            try:
+                label = orjson.loads(resp.content).get("weight_version") if resp.status_code == 200 else None
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+            version = _version_number(label)
+            if version is not None:  # a restarting replica reports no number until it is given one
+                return version
+        return None
+
+    async def aclose(self) -> None:
+        if self._own:
+            for client, _ in self.sources:
+                await client.aclose()
 
     async def stamp(self, result: EngineResult, before: int | None) -> None:
         """Fill in ``result``'s version from the readings around it, when the reply had none."""
@@ -468,4 +495,6 @@ def decode_reply(
         data = orjson.loads(rest)
     except orjson.JSONDecodeError as exc:
         raise UpstreamError("unavailable", 502, f"engine reply is not JSON: {exc}") from exc
-    return parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt=prompt)
+    result = parse_completion(data, attempts=attempts, upstream_s=upstream_s, prompt=prompt)
+    result.replica = resp.headers.get(REPLICA_HEADER)
+    return result

@@ -82,6 +82,9 @@ class CallRecord(TypedDict):
     """Sampled under a requested output format (grammar): not the policy's own distribution."""
     requested_format: Any
     timings: CallTimings
+    replica: NotRequired[str | None]
+    """The server that sampled the call when several serve behind a router (its name, from the
+    ``x-fineenvs-replica`` header it stamps); None or absent with one server."""
 
 
 class EventRecord(TypedDict):

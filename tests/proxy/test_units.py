@@ -282,12 +282,13 @@ def test_raw_engine_keepalive_chunked_and_stale_connection_retry() -> None:
 class _Versions:
     """An engine whose ``/weight_info`` reports the versions queued in ``labels`` (then 404 if asked)."""
 
-    def __init__(self, *labels: Any) -> None:
+    def __init__(self, *labels: Any, url: str = "http://engine") -> None:
         self.labels = list(labels)
         self.reads = 0
+        self.url = url
 
     async def get(self, url: str, *, timeout: float) -> EngineResponse:
-        assert url == "http://engine/weight_info"
+        assert url == self.url + "/weight_info"
         self.reads += 1
         if not self.labels:
             return EngineResponse(404, b'{"detail":"Not Found"}')
@@ -320,15 +321,42 @@ def test_version_bracket_stamps_calls_of_engines_whose_replies_carry_none() -> N
     assert across.weight_version == 4 and across.weight_versions is None
     assert "sampled across a weight push (engine version 4 when sent, 5 when answered" in across.notes[-1]
     # An engine that reports versions in its replies is never asked again.
-    versioned = VersionBracket(_Versions("1"), settings)  # type: ignore[arg-type]
+    asked = _Versions("1")
+    versioned = VersionBracket(asked, settings)  # type: ignore[arg-type]
     reply = decode_reply(
         EngineResponse(200, _reply(prompt_token_ids=[1], weight_version=2)), attempts=1, upstream_s=0.0
     )
     asyncio.run(versioned.stamp(reply, asyncio.run(versioned.read())))
     assert reply.weight_version == 2 and versioned.mode == "reply"
-    assert asyncio.run(versioned.read()) is None and versioned.client.reads == 1  # type: ignore[attr-defined]
+    assert asyncio.run(versioned.read()) is None and asked.reads == 1
     # Without dev mode (404) the readings stop for good; a label that is not a number gives none.
     gone = VersionBracket(_Versions(), settings)  # type: ignore[arg-type]
     assert asyncio.run(call(gone)).weight_version is None and gone.mode == "off"
     unlabelled = VersionBracket(_Versions("default", "default"), settings)  # type: ignore[arg-type]
     assert asyncio.run(call(unlabelled)).weight_version is None
+
+
+class _Dead:
+    async def get(self, url: str, *, timeout: float) -> EngineResponse:
+        from fineenvs.proxy.engine_client import EngineUnreachable
+
+        raise EngineUnreachable("connection refused")
+
+
+def test_behind_a_router_the_bracket_reads_the_replicas_themselves() -> None:
+    """The router forwards generation, not /weight_info: each replica is read directly, and one
+    that is dead or has no number yet (restarting) gives way to the next."""
+    from fineenvs.proxy.settings import ProxySettings
+    from fineenvs.proxy.upstream import VersionBracket
+
+    settings = ProxySettings(
+        upstream_url="http://router", served_model="m", replica_urls=["http://r0", "http://r1", "http://r2"]
+    )
+    replicas: dict[str, Any] = {
+        "http://r0": _Dead(),
+        "http://r1": _Versions("default", url="http://r1"),
+        "http://r2": _Versions("7", url="http://r2"),
+    }
+    bracket = VersionBracket(_Versions(), settings, replica_client=replicas.__getitem__)  # type: ignore[arg-type]
+    assert asyncio.run(bracket.read()) == 7 and bracket.mode == "unknown"
+    assert replicas["http://r1"].reads == 1 and replicas["http://r2"].reads == 1

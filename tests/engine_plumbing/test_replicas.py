@@ -1,0 +1,157 @@
+"""The replica set's fan-out: one push reaches every serving replica, all or nothing.
+
+The replicas here are ``Recorder``s (vLLM's dev routes over an in-memory transport) and the router
+is ``FakeRouter``, a fake that records ``/add_worker`` and ``/remove_worker`` as vllm-router takes
+them; the real router and real servers are in ``test_router.py`` and the vLLM tier."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import pytest
+
+from engine_plumbing.test_weight_sync import Recorder, state_dict
+from fineenvs.engine.replicas import Replica, ReplicaSet
+from fineenvs.engine.weights import VLLMReloadWeightSync, WeightSyncError
+
+TICKS = itertools.count()
+"""One clock for every replica and the router, to check the order of calls across them."""
+
+
+class TimedRecorder(Recorder):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.ticks: list[tuple[int, str]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.ticks.append((next(TICKS), request.url.path))
+        return super().__call__(request)
+
+
+class FakeRouter:
+    """Fake of vllm-router's worker registry (``RouterHandle``'s two calls), with the time of each."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self.events: list[tuple[int, str, str]] = []
+        self.lock = threading.Lock()
+
+    def add_worker(self, url: str) -> None:
+        with self.lock:
+            self.events.append((next(TICKS), "add", url))
+            self.urls.append(url)
+
+    def remove_worker(self, url: str) -> None:
+        with self.lock:
+            self.events.append((next(TICKS), "remove", url))
+            self.urls.remove(url)
+
+
+def replica_set(
+    tmp_path: Path, n: int, *, fail: dict[int, str] | None = None, attached: bool = False
+) -> tuple[ReplicaSet, list[TimedRecorder], FakeRouter]:
+    recorders = [TimedRecorder(fail=(fail or {}).get(i)) for i in range(n)]
+    replicas = [
+        Replica(
+            name=f"r{i}",
+            url=f"http://replica-{i}",
+            sync=VLLMReloadWeightSync(f"http://replica-{i}", tmp_path / "staged", client=rec.client()),
+            relaunch=None if attached else (lambda: pytest.fail("no restart expected here")),
+        )
+        for i, rec in enumerate(recorders)
+    ]
+    router = FakeRouter([r.url for r in replicas])
+    return ReplicaSet(replicas, router, log=lambda line: None), recorders, router  # type: ignore[arg-type]
+
+
+def first(rec: TimedRecorder, path: str) -> int:
+    return next(t for t, p in rec.ticks if p == path)
+
+
+def test_a_push_pauses_and_installs_on_every_replica_before_any_resumes(tmp_path: Path) -> None:
+    replicas, recorders, router = replica_set(tmp_path, 4)
+    assert replicas.push(state_dict(), 3) == 3
+    for rec in recorders:
+        assert rec.paths == [
+            "/pause", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/resume", "/weight_info"
+        ]  # fmt: skip
+        assert rec.version == "3"
+    # No replica serves version 3 while another still serves the previous weights.
+    last_install = max(first(rec, "/reset_prefix_cache") for rec in recorders)
+    assert all(first(rec, "/resume") > last_install for rec in recorders)
+    # One staged copy: every replica reloads the same folder.
+    paths = {rec.calls[1][3]["kwargs"]["weights_path"] for rec in recorders}
+    assert len(paths) == 1 and (Path(paths.pop()) / "model.safetensors").is_file()
+    assert router.events == [] and replicas.serving_urls() == router.urls
+    replicas.close()
+
+
+def test_a_replica_that_fails_its_push_leaves_routing_before_the_others_resume(tmp_path: Path) -> None:
+    replicas, recorders, router = replica_set(tmp_path, 3, fail={1: "/collective_rpc"})
+    assert replicas.push(state_dict(), 5) == 5
+    broken = recorders[1]
+    assert "/resume" not in broken.paths, "a replica with partly loaded weights must not serve"
+    (removed_at, what, url) = router.events[0]
+    assert (what, url) == ("remove", "http://replica-1")
+    assert all(first(rec, "/resume") > removed_at for rec in (recorders[0], recorders[2]))
+    assert [r.url for r in replicas.serving()] == ["http://replica-0", "http://replica-2"] == router.urls
+    assert recorders[0].version == recorders[2].version == "5"
+    assert (
+        "collective_rpc" in replicas.replicas[1].failures[0] or "reload" in replicas.replicas[1].failures[0]
+    )
+    replicas.close()
+
+
+def test_an_attached_replica_that_fails_stops_the_run(tmp_path: Path) -> None:
+    replicas, recorders, router = replica_set(tmp_path, 2, fail={0: "/pause"}, attached=True)
+    with pytest.raises(
+        WeightSyncError, match=r"engine\.urls.*cannot be restarted.*resumes from its last checkpoint"
+    ):
+        replicas.push(state_dict(), 2)
+    assert router.urls == ["http://replica-1"]
+    replicas.close()
+
+
+class FakeLaunch:
+    """Fake of ``EngineLaunch`` for a restart: nothing runs; it records entering and leaving."""
+
+    process = None
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def __enter__(self) -> FakeLaunch:
+        self.log.append("started")
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.log.append("stopped")
+
+
+def test_a_restarted_replica_gets_the_current_weights_before_it_is_routed_to(tmp_path: Path) -> None:
+    replicas, recorders, router = replica_set(tmp_path, 2)
+    replicas.push(state_dict(), 4)
+    fresh = TimedRecorder()
+    launches: list[str] = []
+    victim = replicas.replicas[0]
+    victim.launch = FakeLaunch(launches)  # type: ignore[assignment]
+    victim.relaunch = lambda: (  # type: ignore[assignment]
+        FakeLaunch(launches),
+        VLLMReloadWeightSync(victim.url, tmp_path / "staged", client=fresh.client()),
+    )
+    with replicas._lock:
+        replicas._take_out(victim, "killed by the test")
+    assert router.urls == ["http://replica-1"]
+    replicas._restart(victim)
+    assert launches == ["stopped", "started"]
+    assert fresh.paths == ["/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/weight_info"]
+    assert fresh.version == "4"
+    added_at = router.events[-1][0]
+    assert router.events[-1][1:] == ("add", "http://replica-0")
+    assert all(t < added_at for t, _ in fresh.ticks), "routed to before it held version 4"
+    assert victim.serving and victim.restarts == 1
+    replicas.close()

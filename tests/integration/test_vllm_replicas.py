@@ -1,0 +1,130 @@
+"""``engine.replicas=2`` end to end: two real vLLM CPU-build servers behind the real vllm-router,
+the smoke job with two real agent CLIs and three optimizer steps, and one replica SIGKILLed after
+the first checkpoint, restarted by the run with the current weights while it goes on.
+
+What it shows: every call of a session reaches one replica while that replica lives; each push
+reaches every serving replica (the parity gate scores each); a restarted replica serves the
+current version, never an older one; the run finishes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fineenvs.engine.router import RouterOptions, router_executable
+from fineenvs.harnesses import check_installed
+from fineenvs.lifecycle import run_processes
+from fineenvs.paths import REPO_ROOT
+from tests.engine_plumbing.vllm_helpers import build_python
+
+pytestmark = pytest.mark.vllm
+
+HARNESSES = ["opencode", "mini_swe_agent"]
+
+
+def _replica_group(name: str) -> int | None:
+    """The process group of the vLLM server started as replica ``name`` (its FINEENVS_REPLICA)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"FINEENVS_REPLICA={name}".encode() in env and b"serve" in cmdline:
+            return os.getpgid(int(proc.name))
+    return None
+
+
+def _sessions(out: Path) -> dict[str, list[dict[str, Any]]]:
+    from fineenvs.proxy.store import CallStore
+
+    store = CallStore(out / "records")
+    return {s.name: store.read_session(s.name) for s in sorted((out / "records" / "sessions").iterdir())}
+
+
+def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Path) -> None:
+    problems = check_installed(HARNESSES)
+    if problems:
+        pytest.fail("the run needs its agent CLIs: " + "; ".join(problems))
+    build_python("cpu")
+    if router_executable(RouterOptions()) is None:
+        pytest.fail("vllm-router is not installed: python -m fineenvs.engine install-router")
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "fineenvs.run", "+experiment=smoke", "engine=vllm", "engine.replicas=2",
+        f"harness=[{','.join(HARNESSES)}]", "trainer.max_steps=3", "trainer.learning_rate=1e-2",
+        "trainer.weight_decay=0.5", f"hydra.run.dir={out}",
+    ]  # fmt: skip
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    log = open(tmp_path / "run.log", "w")  # noqa: SIM115 - read after the run
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    killed_at = None
+    try:
+        marker = out / "checkpoints" / "step-1" / "COMPLETE"
+        deadline = time.monotonic() + 1200
+        while not marker.exists():
+            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint within 20 minutes"
+            time.sleep(0.5)
+        group = _replica_group("r1")
+        assert group is not None, "replica r1's vLLM server is not running"
+        killed_at = time.time()
+        os.killpg(group, signal.SIGKILL)
+        rc = proc.wait(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "run.log").read_text()
+    assert rc == 0, text[-6000:]
+    assert "replica r1" in text and "out of routing" in text and "serving again at version" in text, text[
+        -6000:
+    ]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["weight_pushes"] == 3, summary
+
+    # Every session stays on one replica until r1 is killed; a session moves only after the kill.
+    sessions = _sessions(out)
+    served: set[str] = set()
+    for sid, data in sessions.items():
+        calls = sorted(data["calls"], key=lambda c: c["timings"]["arrived_at"])
+        replicas = [c["replica"] for c in calls]
+        assert all(r in ("r0", "r1") for r in replicas), (sid, replicas)
+        served.update(replicas)
+        for before, after in itertools.pairwise(calls):
+            if before["replica"] != after["replica"]:
+                assert after["timings"]["arrived_at"] >= killed_at, (sid, replicas)
+        errors = [e for e in data["events"] if e.get("kind") == "upstream_error"]
+        # Only a call in flight on the killed replica may fail (the agent got an error reply).
+        assert not errors or any(c["replica"] == "r1" for c in calls) or not calls, (sid, errors)
+    assert served == {"r0", "r1"}, served
+
+    # The gate scored both replicas at start and after each push (one while r1 was restarting at most).
+    checks = [json.loads(line) for line in (out / "parity" / "checks.jsonl").read_text().splitlines()]
+    assert [c["version"] for c in checks] == [0, 1, 2, 3] and all(c["ok"] for c in checks), checks
+    assert sum(c.get("replicas", 1) == 2 for c in checks) >= 3, checks
+    # The restarted r1 got the current weights before it served: none of its calls after the kill
+    # carries a version older than what r0 served before the kill.
+    calls = [c for data in sessions.values() for c in data["calls"]]
+    before_kill = [c["weight_version"] for c in calls if c["timings"]["arrived_at"] < killed_at]
+    restarted = [
+        c["weight_version"]
+        for c in calls
+        if c["replica"] == "r1" and c["timings"]["arrived_at"] > killed_at + 5
+    ]
+    assert all(v is not None and v >= max(v for v in before_kill if v is not None) for v in restarted), (
+        before_kill,
+        restarted,
+    )
+    assert not run_processes(out), "processes of the run are still alive"
