@@ -95,13 +95,12 @@ def start_replicas(
 ) -> EngineHandle:
     """``engine.replicas`` vLLM servers launched side by side (or ``engine.urls`` attached) behind
     vLLM's router; the handle's URL is the router's and its weight sync the replica set."""
-    from fineenvs.engine import EngineHandle, launch_vllm
-    from fineenvs.engine.launcher import free_port
+    from fineenvs.engine import EngineHandle
     from fineenvs.engine.replicas import Replica, ReplicaSet
     from fineenvs.engine.router import attach_router, launch_router
     from fineenvs.engine.vllm import prepare_chat_template
     from fineenvs.engine.weights import StagedVLLMWeightSync, VLLMReloadWeightSync, vllm_weight_sync
-    from fineenvs.plan import effective_weight_sync, replica_plans, vllm_args
+    from fineenvs.plan import effective_weight_sync, vllm_args
 
     e = run.engine
     mode = effective_weight_sync(run).value if effective_weight_sync(run) in VLLM_WEIGHT_SYNCS else None
@@ -117,31 +116,11 @@ def start_replicas(
         assert isinstance(sync, StagedVLLMWeightSync), "nccl with replicas is refused at compose time"
         return sync
 
-    replicas: list[Replica] = []
-    launches: list[EngineLaunch] = []
     if e.urls:
-        for i, url in enumerate(e.urls):
-            base = url.rstrip("/").removesuffix("/v1")
-            replicas.append(Replica(f"r{i}", base, sync_for(base, None)))
+        bases = [url.rstrip("/").removesuffix("/v1") for url in e.urls]
+        replicas = [Replica(f"r{i}", base, sync_for(base, None)) for i, base in enumerate(bases)]
     else:
-        for plan in replica_plans(run):
-            served = replace(
-                args,
-                port=free_port(e.host),
-                devices=plan.devices,
-                cpu_threads_bind=plan.cpus,
-                replica=plan.name,
-            )
-
-            def relaunch(served: VLLMServeArgs = served) -> tuple[EngineLaunch, StagedVLLMWeightSync]:
-                log_dir = out / "engine" / (served.replica or "r")
-                launch = launch_vllm(served, log_dir, timeout_s=e.health_timeout_seconds)
-                return launch, sync_for(served.url, log_dir / "vllm.log")
-
-            launch, sync = relaunch()
-            launches.append(launch)
-            replicas.append(Replica(plan.name, served.url, sync, launch=launch, relaunch=relaunch))
-        _start_together(launches)
+        replicas = _launched_replicas(run, args, out, sync_for)
     try:
         urls = [r.url for r in replicas]
         router = (
@@ -170,6 +149,38 @@ def start_replicas(
         log_path=out / "engine" / "router.log",
         replicas=replica_set,
     )
+
+
+def _launched_replicas(
+    run: RunConfig,
+    args: VLLMServeArgs,
+    out: Path,
+    sync_for: Callable[[str, Path | None], StagedVLLMWeightSync],
+) -> list[Replica]:
+    """One server per ``replica_plans`` entry, each on a port of its own that a restart keeps (the
+    router knows it by that URL), all started side by side."""
+    from fineenvs.engine import launch_vllm
+    from fineenvs.engine.launcher import free_port
+    from fineenvs.engine.replicas import Replica
+    from fineenvs.plan import replica_plans
+
+    e = run.engine
+    replicas, launches = [], []
+    for plan in replica_plans(run):
+        served = replace(
+            args, port=free_port(e.host), devices=plan.devices, cpu_threads_bind=plan.cpus, replica=plan.name
+        )
+
+        def relaunch(served: VLLMServeArgs = served) -> tuple[EngineLaunch, StagedVLLMWeightSync]:
+            log_dir = out / "engine" / (served.replica or "r")
+            launch = launch_vllm(served, log_dir, timeout_s=e.health_timeout_seconds)
+            return launch, sync_for(served.url, log_dir / "vllm.log")
+
+        launch, sync = relaunch()
+        launches.append(launch)
+        replicas.append(Replica(plan.name, served.url, sync, launch=launch, relaunch=relaunch))
+    _start_together(launches)
+    return replicas
 
 
 def _start_together(launches: list[EngineLaunch]) -> None:

@@ -155,3 +155,50 @@ def test_a_restarted_replica_gets_the_current_weights_before_it_is_routed_to(tmp
     assert all(t < added_at for t, _ in fresh.ticks), "routed to before it held version 4"
     assert victim.serving and victim.restarts == 1
     replicas.close()
+
+
+def test_replica_devices_split_in_order_and_refuse_what_does_not_fit() -> None:
+    from fineenvs.engine.devices import DeviceError, parse_core_list, per_replica, split_cores
+
+    assert per_replica(("0", "1", "2", "3"), 2) == [("0", "1"), ("2", "3")]
+    with pytest.raises(DeviceError, match=r"do not split into 3 replicas.*Fix: engine\.replicas"):
+        per_replica(("0", "1", "2", "3"), 3)
+    assert split_cores([0, 1, 2, 3, 4], 2) == ["0,1", "2,3"]
+    with pytest.raises(DeviceError, match=r"engine\.replicas=3 on the CPU needs a core per replica.*Fix"):
+        split_cores([0, 1], 3)
+    assert parse_core_list("0-2, 6") == [0, 1, 2, 6]
+    with pytest.raises(ValueError, match="not a core or a range"):
+        parse_core_list("3-1")
+
+
+def test_replica_settings_are_checked_at_compose_time() -> None:
+    """Several servers need vLLM, one way to get them, a weight sync that stages once, and cores
+    that do not overlap; each refusal names the fix."""
+    from hydra import compose, initialize_config_dir
+
+    from fineenvs.config import ConfigError, to_run_config
+    from fineenvs.paths import CONF_DIR
+
+    def problems(*overrides: str) -> str:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=["+experiment=smoke", "output_dir=/tmp/x", *overrides])
+        try:
+            to_run_config(cfg)
+        except ConfigError as err:
+            return str(err)
+        return ""
+
+    assert problems("engine=vllm", "engine.replicas=2") == ""
+    assert "engine=transformers runs one process" in problems("engine.replicas=2")
+    assert "set only one of them" in problems("engine=vllm", "engine.replicas=2", "engine.urls=[http://a:1]")
+    assert "engine.url attaches one server" in problems(
+        "engine=vllm", "engine.replicas=2", "engine.url=http://a:1"
+    )
+    assert "replicas are not supported with it yet" in problems(
+        "engine=vllm", "engine.replicas=2", "engine.weight_sync=nccl", "engine.platform=cuda"
+    )
+    assert "one per replica" in problems("engine=vllm", "engine.replicas=2", "engine.replica_cpus=[0]")
+    assert "gives core 1 to replicas 0 and 1" in problems(
+        "engine=vllm", "engine.replicas=2", "engine.replica_cpus=[0-1,1-2]"
+    )
+    assert "engine.replicas must be >= 1" in problems("engine=vllm", "engine.replicas=0")

@@ -1,6 +1,6 @@
 """``engine.replicas=2`` end to end: two real vLLM CPU-build servers behind the real vllm-router,
-the smoke job with two real agent CLIs and three optimizer steps, and one replica SIGKILLed after
-the first checkpoint, restarted by the run with the current weights while it goes on.
+the smoke job with two real agent CLIs and five optimizer steps, and one replica SIGKILLed once
+it has served a call, restarted by the run with the current weights while it goes on.
 
 What it shows: every call of a session reaches one replica while that replica lives; each push
 reaches every serving replica (the parity gate scores each); a restarted replica serves the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,11 @@ def _replica_group(name: str) -> int | None:
     return None
 
 
+def _served_by(out: Path, replica: str) -> bool:
+    needle = f'"replica":"{replica}"'.encode()
+    return any(needle in f.read_bytes() for f in (out / "records" / "sessions").glob("*/calls.jsonl"))
+
+
 def _sessions(out: Path) -> dict[str, list[dict[str, Any]]]:
     from fineenvs.proxy.store import CallStore
 
@@ -63,7 +69,7 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
     out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "fineenvs.run", "+experiment=smoke", "engine=vllm", "engine.replicas=2",
-        f"harness=[{','.join(HARNESSES)}]", "trainer.max_steps=3", "trainer.learning_rate=1e-2",
+        f"harness=[{','.join(HARNESSES)}]", "trainer.max_steps=5", "tasks.limit=5", "trainer.learning_rate=1e-2",
         "trainer.weight_decay=0.5", f"hydra.run.dir={out}",
     ]  # fmt: skip
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
@@ -71,11 +77,15 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     killed_at = None
     try:
-        marker = out / "checkpoints" / "step-1" / "COMPLETE"
+        # Kill r1 as soon as it has served a call (sessions spread by a hash of their random ids, so
+        # which replica the first ones reach is chance), early enough that its restart is done before
+        # the last pushes.
         deadline = time.monotonic() + 1200
-        while not marker.exists():
-            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "no checkpoint within 20 minutes"
+        while not _served_by(out, "r1"):
+            assert proc.poll() is None, (
+                "the run ended before r1 served a call:\n" + (tmp_path / "run.log").read_text()[-4000:]
+            )
+            assert time.monotonic() < deadline, "no call on r1 within 20 minutes"
             time.sleep(0.5)
         group = _replica_group("r1")
         assert group is not None, "replica r1's vLLM server is not running"
@@ -92,7 +102,7 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
         -6000:
     ]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["weight_pushes"] == 3, summary
+    assert summary["steps"] == 5 and summary["weight_pushes"] == 5, summary
 
     # Every session stays on one replica until r1 is killed; a session moves only after the kill.
     sessions = _sessions(out)
@@ -110,10 +120,15 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
         assert not errors or any(c["replica"] == "r1" for c in calls) or not calls, (sid, errors)
     assert served == {"r0", "r1"}, served
 
-    # The gate scored both replicas at start and after each push (one while r1 was restarting at most).
+    # The gate scored every serving replica at start and after each push: both before the kill, r0
+    # alone while r1 restarted, both again once r1 was back with the current weights.
     checks = [json.loads(line) for line in (out / "parity" / "checks.jsonl").read_text().splitlines()]
-    assert [c["version"] for c in checks] == [0, 1, 2, 3] and all(c["ok"] for c in checks), checks
-    assert sum(c.get("replicas", 1) == 2 for c in checks) >= 3, checks
+    assert [c["version"] for c in checks] == [0, 1, 2, 3, 4, 5] and all(c["ok"] for c in checks), checks
+    back_at = int(re.findall(r"replica r1: serving again at version (\d+)", text)[-1])
+    assert back_at >= 1, "the restarted replica must get pushed weights, not the base model's"
+    assert checks[0]["replicas"] == 2 and all(c["replicas"] == 2 for c in checks if c["version"] > back_at), (
+        checks
+    )
     # The restarted r1 got the current weights before it served: none of its calls after the kill
     # carries a version older than what r0 served before the kill.
     calls = [c for data in sessions.values() for c in data["calls"]]
