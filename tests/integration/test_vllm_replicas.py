@@ -126,9 +126,11 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
     assert [c["version"] for c in checks] == [0, 1, 2, 3, 4, 5] and all(c["ok"] for c in checks), checks
     back_at = int(re.findall(r"replica r1: serving again at version (\d+)", text)[-1])
     assert back_at >= 1, "the restarted replica must get pushed weights, not the base model's"
-    assert checks[0]["replicas"] == 2 and all(c["replicas"] == 2 for c in checks if c["version"] > back_at), (
-        checks
-    )
+    after = [c for c in checks if c["version"] > back_at]
+    assert checks[0]["replicas"] == 2 and all(c["replicas"] == 2 for c in after), checks
+    # Back before the last push (the usual case, not guaranteed on a loaded machine): the gate then
+    # found the restarted replica serving the trainer's weights.
+    print(f"r1 back at version {back_at}; gate checks of both replicas since: {len(after)}")
     # The restarted r1 got the current weights before it served: none of its calls after the kill
     # carries a version older than what r0 served before the kill.
     calls = [c for data in sessions.values() for c in data["calls"]]
