@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine_plumbing.test_launcher import alive
 from fineenvs.engine.launcher import Launched, free_port
 from fineenvs.engine.router import (
     REPLICA_HEADER,
@@ -36,18 +37,6 @@ pytestmark = pytest.mark.vllm
 
 OPTIONS = RouterOptions()
 SESSIONS = [f"sess-{i}" for i in range(16)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie runs nothing
-    except FileNotFoundError:
-        return False
 
 
 def replica(name: str, log_dir: Path) -> tuple[Launched, str]:
