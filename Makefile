@@ -21,7 +21,7 @@ help:
 	@echo "make check        ruff + mypy + the docs build"
 	@echo "make docs         the docs site (mkdocs, warnings are errors) into .site/"
 	@echo "make house        the house's measures against their targets (scripts/house.py)"
-	@echo "make bench        engine, proxy and tree benchmarks"
+	@echo "make bench        engine, proxy, tree, agent-start and replicas benchmarks"
 
 setup:
 	scripts/setup.sh $(HARNESSES)
@@ -81,3 +81,5 @@ bench: setup
 	$(PY) -m benchmarks proxy
 	$(PY) -m benchmarks tree
 	$(PY) -m benchmarks agent-start
+	$(PY) -m fineenvs.engine install-router
+	$(PY) -m benchmarks replicas

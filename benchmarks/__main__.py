@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine|proxy|tree|gpu|trainer|agent-start} [args]``: benchmarks that print their figures."""
+"""``python -m benchmarks {engine|proxy|tree|gpu|trainer|agent-start|replicas} [args]``: benchmarks that print their figures."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ BENCHES = {
     "gpu": "benchmarks.gpu",
     "trainer": "benchmarks.trainer",
     "agent-start": "benchmarks.agent_start",
+    "replicas": "benchmarks.replicas",
 }
 
 

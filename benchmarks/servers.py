@@ -3,14 +3,16 @@
 Each runs in its own process, so the load generator's busy event loop never slows what it serves
 or inflates what it measures::
 
-    python -m benchmarks.servers standin --port P [--delay-ms D]
+    python -m benchmarks.servers standin --port P [--delay-ms D] [--replica-name R]
     python -m benchmarks.servers relay --port P --upstream U
     python -m benchmarks.servers poll-health --port P      # until stdin closes
 
 The stand-in answers every chat completion with a canned, vLLM-shaped reply whose
 ``prompt_token_ids`` derive from the request bytes, so prompts grow and share prefixes like a real
 agent's. It is a measuring instrument of the proxy's own cost, not an engine: the vLLM path runs
-against the real vLLM.
+against the real vLLM. With ``--replica-name`` it also plays one replica behind vLLM's router: it
+names itself in ``x-fineenvs-replica`` as vLLM's plugin middleware does, and answers the dev-mode
+weight routes a push calls (loading nothing) while keeping the version it was told.
 """
 
 from __future__ import annotations
@@ -63,9 +65,32 @@ def _standin_reply(body: bytes) -> bytes:
     )
 
 
+class _Replica:
+    """What a replica stand-in remembers between calls: its name and the version it was given."""
+
+    def __init__(self, name: str | None) -> None:
+        self.extra = f"x-fineenvs-replica: {name}\r\n".encode() if name else b""
+        self.version: str | None = None
+
+    def control(self, path: bytes, body: bytes) -> bytes:
+        """The dev-mode weight routes: instant, so a push's time is the control plane's alone."""
+        route = path.split(b"?", 1)[0]
+        if route == b"/update_weight_version":
+            self.version = str(orjson.loads(body)["new_version"])
+        if route == b"/weight_info":
+            return orjson.dumps({"weight_version": self.version})
+        if route == b"/reset_prefix_cache":
+            return b'{"success":true}'
+        return b'{"status":"ok"}'
+
+
 async def _standin_conn(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float = 0.0
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    delay_s: float = 0.0,
+    replica: _Replica | None = None,
 ) -> None:
+    extra = replica.extra if replica is not None else b""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -78,10 +103,15 @@ async def _standin_conn(
             chat = path.startswith(b"/v1/chat/completions")
             if chat and delay_s:
                 await asyncio.sleep(delay_s)  # an engine at work: time passes, no CPU is spent
-            reply = _standin_reply(body) if chat else b'{"status":"ok"}'
+            if chat:
+                reply = _standin_reply(body)
+            elif replica is not None:
+                reply = replica.control(path, body)
+            else:
+                reply = b'{"status":"ok"}'
             writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                % len(reply)
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+                % (len(reply), extra)
                 + reply
             )
             await writer.drain()
@@ -131,9 +161,11 @@ def _run_fast(coro: Any) -> None:
         asyncio.run(coro)
 
 
-def run_standin(port: int, delay_ms: float = 0.0) -> None:
+def run_standin(port: int, delay_ms: float = 0.0, replica_name: str | None = None) -> None:
+    replica = _Replica(replica_name) if replica_name else None
+
     async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _standin_conn(reader, writer, delay_ms / 1000)
+        await _standin_conn(reader, writer, delay_ms / 1000, replica)
 
     async def serve() -> None:
         server = await asyncio.start_server(conn, HOST, port, backlog=4096, limit=1 << 20)
@@ -197,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["standin"]:
         delay = float(argv[argv.index("--delay-ms") + 1]) if "--delay-ms" in argv else 0.0
-        run_standin(int(argv[argv.index("--port") + 1]), delay)
+        name = argv[argv.index("--replica-name") + 1] if "--replica-name" in argv else None
+        run_standin(int(argv[argv.index("--port") + 1]), delay, name)
         return 0
     if argv[:1] == ["relay"]:
         run_relay(int(argv[argv.index("--port") + 1]), int(argv[argv.index("--upstream") + 1]))
@@ -206,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_health(int(argv[argv.index("--port") + 1]))
         return 0
     print(
-        "usage: python -m benchmarks.servers {standin --port P [--delay-ms D] | relay --port P "
+        "usage: python -m benchmarks.servers {standin --port P [--delay-ms D] [--replica-name R] | relay --port P "
         "--upstream U | poll-health --port P}",
         file=sys.stderr,
     )
