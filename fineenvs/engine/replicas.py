@@ -148,6 +148,8 @@ class ReplicaSet:
             if r.name in failed and r.serving:
                 self._take_out(r, f"it failed {what}: {failed[r.name]}")
         attached = [r.name for r in live if r.name in failed and r.relaunch is None]
+        # Out of routing, but not left paused: someone else runs it and may use it after the run.
+        self._each([r for r in live if r.name in attached], lambda r: r.sync.server.post("/resume", "resume"))
         if attached or not any(r.serving for r in self.replicas):
             details = "; ".join(f"{name}: {why}" for name, why in failed.items())
             raise WeightSyncError(

@@ -113,6 +113,7 @@ def test_an_attached_replica_that_fails_stops_the_run(tmp_path: Path) -> None:
     ):
         replicas.push(state_dict(), 2)
     assert router.urls == ["http://replica-1"]
+    assert recorders[0].paths[-1] == "/resume", "a server someone else runs is not left paused"
     replicas.close()
 
 
