@@ -83,6 +83,9 @@ class ReplicaSet:
         self.version: int | None = None
         self.staged: Path | None = None
         """The current weights as staged for the last push (None: the base model's)."""
+        self._stager = self.replicas[0].sync
+        """Stages every push and prunes older copies: one object, whichever replicas serve (the
+        staging folder is shared, and staging touches no server)."""
         self._lock = threading.RLock()  # one push or one return to routing at a time
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -109,7 +112,7 @@ class ReplicaSet:
                     f"no replica is serving (all {len(self.replicas)} are out of routing): nothing to push to. "
                     "The run stops; rerunning it resumes from its last checkpoint with fresh replicas."
                 )
-            staged = live[0].sync.stage(weights, version)
+            staged = self._stager.stage(weights, version)
             failed = self._each(live, lambda r: r.sync.ready(staged))
             ok = [r for r in live if r.name not in failed]
             paused = self._each(
@@ -128,7 +131,7 @@ class ReplicaSet:
             )
             failed.update(self._each(resumed, lambda r: r.sync.server.check_version(version)))
             self.version, self.staged = version, staged
-            live[0].sync.prune()  # the staging folder is shared: the older copies go once
+            self._stager.prune()
             self._settle(live, failed, f"version {version}")
             return version
 
@@ -200,6 +203,8 @@ class ReplicaSet:
         self.log(f"replica {replica.name}: restarting on {replica.url}")
         launch, sync = replica.relaunch()
         launch.__enter__()
+        if replica.sync is not self._stager:
+            replica.sync.close()
         replica.launch, replica.sync = launch, sync
         with self._lock:
             if self.staged is not None and self.version is not None:
@@ -250,8 +255,8 @@ class ReplicaSet:
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join(timeout=30.0)
-        for r in self.replicas:
-            r.sync.close()
+        for sync in {id(s): s for s in [self._stager, *(r.sync for r in self.replicas)]}.values():
+            sync.close()
         launched = [r.launch for r in self.replicas if r.launch is not None]
         list(self._pool.map(lambda launch: launch.__exit__(None, None, None), launched))
         for r in self.replicas:
