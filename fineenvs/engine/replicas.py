@@ -6,7 +6,7 @@ growing history keeps hitting one prefix cache. Control goes to every serving re
 concurrently: a push pauses them all, installs the staged weights on each, and only then resumes
 them, so a version is served only once every serving replica holds it.
 
-What a replica that fails gets (``docs/scaling.md``): a launched replica that fails its push or
+What a replica that fails gets (``docs/scaling-out.md``): a launched replica that fails its push or
 dies (SIGKILL, OOM) is taken out of routing at once (``/remove_worker``), stopped, started again on
 its port from the base model, given the current weights and version, and only then routed to
 again (``/add_worker``). A replica someone else runs (``engine.urls``) cannot be restarted: a failed
