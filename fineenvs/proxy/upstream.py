@@ -354,7 +354,7 @@ class VersionBracket:
         """The engine's current numeric weight version (None: not now, or not this engine)."""
         if self.mode in ("reply", "off"):
             return None
-        for client, url in self.sources:
+        for i, (client, url) in enumerate(self.sources):
             try:
                 resp = await client.get(url, timeout=10.0)
             except EngineUnreachable:
@@ -371,6 +371,9 @@ class VersionBracket:
                 continue
             version = _version_number(label)
             if version is not None:  # a restarting replica reports no number until it is given one
+                if i:
+                    # Ask this one first from now on: a dead or hung replica costs one call, not each.
+                    self.sources.insert(0, self.sources.pop(i))
                 return version
         return None
 

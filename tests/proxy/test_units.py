@@ -360,3 +360,7 @@ def test_behind_a_router_the_bracket_reads_the_replicas_themselves() -> None:
     bracket = VersionBracket(_Versions(), settings, replica_client=replicas.__getitem__)  # type: ignore[arg-type]
     assert asyncio.run(bracket.read()) == 7 and bracket.mode == "unknown"
     assert replicas["http://r1"].reads == 1 and replicas["http://r2"].reads == 1
+    # The replica that answered is asked first next time; the dead one is not tried again.
+    replicas["http://r2"].labels.append("8")
+    assert asyncio.run(bracket.read()) == 8
+    assert replicas["http://r1"].reads == 1 and replicas["http://r2"].reads == 2
