@@ -250,13 +250,27 @@ class EmbeddedWeightSync:
             self.client.close()
 
 
+# How long a route that only flips a switch (pause, resume, version, prefix-cache reset, start of
+# an update) may take. Such a route answers in milliseconds even under load; one that does not has
+# a hung server behind it (stopped, deadlocked, swapped out), and a push must not wait the loading
+# timeout (30 min, sized for reloading a large model) on it.
+CONTROL_TIMEOUT_S = 60.0
+
+
 class _VLLMServer:
     """The dev-mode routes every vLLM push uses, and what a failed push reports."""
 
-    def __init__(self, url: str, client: httpx.Client, log_path: Path | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        client: httpx.Client,
+        log_path: Path | None,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+    ) -> None:
         self.url = url
         self.client = client
         self.log_path = log_path
+        self.control_timeout_s = control_timeout_s
         self.weights = "previous"
         """What the engine holds during a push: ``previous`` until a step that loads weights
         starts, ``partial`` from then on, ``new`` once every loading step answered."""
@@ -274,9 +288,19 @@ class _VLLMServer:
         *,
         json: JsonObject | None = None,
         params: dict[str, str] | None = None,
+        loading: bool = False,
     ) -> JsonObject:
+        """POST a dev route; ``loading``: the route moves weights and may take the client's full
+        timeout, any other gets ``control_timeout_s``."""
+        timeout = httpx.USE_CLIENT_DEFAULT if loading else self.control_timeout_s
         try:
-            response = self.client.post(self.url + path, json=json, params=params)
+            response = self.client.post(self.url + path, json=json, params=params, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise WeightSyncError(
+                f"{what}: POST {self.url}{path} got no answer within "
+                f"{'the loading timeout' if loading else f'{self.control_timeout_s:g} s'} ({exc!r}): the server "
+                f"is hung.{self._health()}"
+            ) from exc
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"{what}: POST {self.url}{path} failed ({exc}).{self._health()}") from exc
         try:
@@ -296,7 +320,12 @@ class _VLLMServer:
         alive = False
         for _ in range(2):  # a second try on a fresh connection: the server closes one after a 500
             try:
-                alive = self.client.get(self.url + "/health", timeout=10.0).status_code == 200
+                alive = (
+                    self.client.get(
+                        self.url + "/health", timeout=min(10.0, self.control_timeout_s)
+                    ).status_code
+                    == 200
+                )
                 break
             except httpx.HTTPError:
                 continue
@@ -356,7 +385,9 @@ class _VLLMServer:
 
     def check_version(self, version: int) -> None:
         try:
-            response = _check(self.client.get(self.url + "/weight_info"), "weight_info")
+            response = _check(
+                self.client.get(self.url + "/weight_info", timeout=self.control_timeout_s), "weight_info"
+            )
             served = response.json().get("weight_version")
         except (httpx.HTTPError, ValueError, WeightSyncError) as exc:
             raise WeightSyncError(
@@ -375,12 +406,17 @@ class _VLLMWeightSync:
     cache, always resume, then read the version back. Subclasses say how weights load."""
 
     def __init__(
-        self, url: str, client: httpx.Client | None, timeout_s: float, log_path: Path | None
+        self,
+        url: str,
+        client: httpx.Client | None,
+        timeout_s: float,
+        log_path: Path | None,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self._own_client = client is None
         self.client = client or httpx.Client(timeout=timeout_s)
-        self.server = _VLLMServer(self.url, self.client, log_path)
+        self.server = _VLLMServer(self.url, self.client, log_path, control_timeout_s)
         self.control = VLLMControlPlane(self.url, self.client)
 
     def _swap(self, weights: Weights, version: int) -> int:
@@ -439,9 +475,10 @@ class StagedVLLMWeightSync(_VLLMWeightSync):
         client: httpx.Client | None = None,
         keep: int = 1,
         timeout_s: float = 1800.0,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
         log_path: Path | None = None,
     ) -> None:
-        super().__init__(url, client, timeout_s, log_path)
+        super().__init__(url, client, timeout_s, log_path, control_timeout_s)
         self.staging_dir = staging_dir
         self._staged = _StagedWeights(staging_dir, keep)
 
@@ -479,6 +516,7 @@ class VLLMReloadWeightSync(StagedVLLMWeightSync):
             "reload_weights",
             f"the vLLM server must be able to read {weights} (same machine or a shared filesystem)",
             json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+            loading=True,
         )
 
     def _stamp(self, version: int) -> None:
@@ -505,6 +543,7 @@ class VLLMFileTransferWeightSync(StagedVLLMWeightSync):
             "init_weight_transfer_engine",
             hint,
             json={"init_info": {"directory": str(self.staging_dir.resolve())}},
+            loading=True,  # sets up the transfer engine on every worker
         )
         self._initialised = True
 
@@ -520,10 +559,17 @@ class VLLMFileTransferWeightSync(StagedVLLMWeightSync):
 
     def _load(self, weights: Weights, version: int) -> None:
         self.server.post(
-            "/update_weights", "update_weights", json={"update_info": {"path": str(weights), "names": None}}
+            "/update_weights",
+            "update_weights",
+            json={"update_info": {"path": str(weights), "names": None}},
+            loading=True,
         )
+        # Finishing runs the model's post-load processing (repacking, quantisation): loading work.
         self.server.post(
-            "/finish_weight_update", "finish_weight_update", json={"weight_version": str(version)}
+            "/finish_weight_update",
+            "finish_weight_update",
+            json={"weight_version": str(version)},
+            loading=True,
         )
 
     def _shutdown(self) -> None:

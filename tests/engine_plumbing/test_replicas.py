@@ -7,7 +7,9 @@ them; the real router and real servers are in ``test_router.py`` and the vLLM ti
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -203,3 +205,66 @@ def test_replica_settings_are_checked_at_compose_time() -> None:
         "engine=vllm", "engine.replicas=2", "engine.replica_cpus=[0-1,1-2]"
     )
     assert "engine.replicas must be >= 1" in problems("engine=vllm", "engine.replicas=0")
+
+
+class HungServer:
+    """A real TCP server that accepts connections and never answers: a stopped or deadlocked
+    replica, as its clients see it (the kernel still completes the handshake)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_hung_replica_costs_a_push_one_control_timeout_and_leaves_routing(tmp_path: Path) -> None:
+    hung = HungServer()
+    healthy = [TimedRecorder(), TimedRecorder()]
+    replicas = [
+        Replica(
+            name=f"r{i}",
+            url=f"http://replica-{i}",
+            sync=VLLMReloadWeightSync(f"http://replica-{i}", tmp_path / "staged", client=rec.client()),
+            relaunch=lambda: pytest.fail("the watcher is not running here"),
+        )
+        for i, rec in enumerate(healthy)
+    ]
+    replicas.append(
+        Replica(
+            name="r2",
+            url=hung.url,
+            sync=VLLMReloadWeightSync(hung.url, tmp_path / "staged", control_timeout_s=0.5),
+            relaunch=lambda: pytest.fail("the watcher is not running here"),
+        )
+    )
+    router = FakeRouter([r.url for r in replicas])
+    replica_set = ReplicaSet(replicas, router, log=lambda line: None)  # type: ignore[arg-type]
+    started = time.monotonic()
+    try:
+        assert replica_set.push(state_dict(), 6) == 6
+        took = time.monotonic() - started
+    finally:
+        hung.close()
+    # One pause timeout (0.5 s) plus the error's two /health probes (0.5 s each), not the 30 min
+    # loading timeout: the push goes on without the hung replica.
+    assert took < 10.0, f"the push waited {took:.1f} s on a hung replica"
+    assert router.urls == ["http://replica-0", "http://replica-1"]
+    assert [rec.version for rec in healthy] == ["6", "6"]
+    assert "no answer within 0.5 s" in replicas[2].failures[0]
+    assert "pause" in replicas[2].failures[0]
+    replica_set.close()
