@@ -262,6 +262,7 @@ def _engine_lines(run: RunConfig) -> list[str]:
         out = [f"  engine: {e.kind.value}, attach to {e.url} (weight sync: {sync})"]
     elif e.urls:
         out = [f"  engine: vllm, attach to {len(e.urls)} replicas (weight sync: {sync}): {', '.join(e.urls)}"]
+        out += _attached_replica_lines(run)
         out += _router_lines(run, list(e.urls))
     elif e.kind is EngineKind.vllm and e.replicas > 1:
         out = [
@@ -326,6 +327,35 @@ def _replica_lines(run: RunConfig) -> list[str]:
             f"    replica {plan.name}: {where}, its own free port, --middleware (names it in x-fineenvs-replica)"
         )
     return out + _router_lines(run, [f"http://{run.engine.host}:<{p.name} port>" for p in plans])
+
+
+def _attached_replica_lines(run: RunConfig) -> list[str]:
+    """How to start the servers ``engine.urls`` names: what fineenvs would launch, one per URL, with
+    the replica's name (its middleware stamps it on every reply) and the URL's port."""
+    from urllib.parse import urlsplit
+
+    from fineenvs.engine.vllm import build_serve_command, build_serve_env
+
+    try:
+        args = vllm_args(run)
+    except (ImportError, ValueError) as err:
+        return [f"    (serve commands unavailable: {err})"]
+    out = [
+        "    start each server as below (on its own devices; vLLM's environment with fineenvs' plugin: "
+        "`python -m fineenvs.engine install-vllm`), then run this command:"
+    ]
+    for i, url in enumerate(run.engine.urls):
+        parts = urlsplit(url)
+        served = replace(args, replica=f"r{i}", host=parts.hostname or args.host, port=parts.port or 80)
+        env = build_serve_env(served, base={})
+        shown = {k: v for k, v in sorted(env.items()) if k.startswith(("VLLM_", "FINEENVS_", "CUDA_"))}
+        out.append(
+            "    "
+            + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+            + " "
+            + shlex.join(build_serve_command(served))
+        )
+    return out
 
 
 def _router_lines(run: RunConfig, worker_urls: list[str]) -> list[str]:

@@ -131,7 +131,10 @@ def start_replicas(
             )
         )
     except BaseException:
-        ReplicaSet(replicas, None).close()  # type: ignore[arg-type]  # stop what was launched
+        for replica in replicas:  # no router: stop what was launched
+            replica.sync.close()
+            if replica.launch is not None:
+                replica.launch.__exit__(None, None, None)
         raise
     replica_set = ReplicaSet(replicas, router)
     stack.callback(replica_set.close)  # before the router stops (the stack unwinds in reverse)

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from fineenvs.engine.router import RouterOptions, router_executable
@@ -145,3 +147,108 @@ def test_two_replicas_behind_the_router_survive_a_sigkilled_replica(tmp_path: Pa
         restarted,
     )
     assert not run_processes(out), "processes of the run are still alive"
+
+
+def _start_commands(urls: list[str]) -> list[tuple[dict[str, str], list[str]]]:
+    """The serve commands the dry run tells a user to start for ``engine.urls`` (env, argv)."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "fineenvs.run", "+experiment=smoke", "engine=vllm", f"engine.urls=[{','.join(urls)}]",
+         "dry_run=true"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    commands = []
+    for line in listing.splitlines():
+        words = shlex.split(line.strip())
+        if not words or not words[0].startswith("FINEENVS_REPLICA="):
+            continue
+        env = dict(
+            w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w and not w.startswith("-"), words)
+        )
+        commands.append((env, words[len(env) :]))
+    assert len(commands) == len(urls), listing
+    return commands
+
+
+def test_servers_the_user_runs_are_driven_through_engine_urls(tmp_path: Path) -> None:
+    """``engine.urls``: two vLLM servers started by hand from the commands the dry run prints, the
+    smoke job with two real agents and two steps through a router the run launches. The run pushes
+    to both, leaves both running and serving (not paused) at the last version, and stops nothing
+    it did not start."""
+    from fineenvs.engine.launcher import free_port
+    from fineenvs_recipes.tiny import ensure_tiny_model
+
+    problems = check_installed(HARNESSES)
+    if problems:
+        pytest.fail("the run needs its agent CLIs: " + "; ".join(problems))
+    build_python("cpu")
+    ensure_tiny_model("tiny_agent")
+    urls = [f"http://127.0.0.1:{free_port('127.0.0.1')}" for _ in range(2)]
+    servers = []
+    try:
+        for i, (env, argv) in enumerate(_start_commands(urls)):
+            log = open(tmp_path / f"server-{i}.log", "w")  # noqa: SIM115 - closed with the process
+            servers.append(
+                subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            )  # fmt: skip
+        deadline = time.monotonic() + 900
+        for url, server in zip(urls, servers, strict=True):
+            while True:
+                assert server.poll() is None, (tmp_path / f"server-{servers.index(server)}.log").read_text()[
+                    -3000:
+                ]
+                assert time.monotonic() < deadline, f"{url} not healthy within 15 minutes"
+                try:
+                    if httpx.get(url + "/health", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+        out = tmp_path / "run"
+        cmd = [
+            sys.executable, "-m", "fineenvs.run", "+experiment=smoke", "engine=vllm", f"engine.urls=[{','.join(urls)}]",
+            f"harness=[{','.join(HARNESSES)}]", "trainer.max_steps=2", "tasks.limit=4", f"hydra.run.dir={out}",
+        ]  # fmt: skip
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["weight_pushes"] == 2, summary
+
+        # Still running, serving and at the run's last version: a push reached both, and the run
+        # stopped only what it started (the router).
+        for url, server in zip(urls, servers, strict=True):
+            assert server.poll() is None, f"the run stopped {url}, which it did not start"
+            assert httpx.get(url + "/weight_info", timeout=10).json()["weight_version"] == "2"
+            reply = httpx.post(
+                url + "/v1/chat/completions",
+                json={
+                    "model": "tiny_agent",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+                timeout=60,
+            )
+            assert reply.status_code == 200 and reply.json()["choices"], reply.text
+        sessions = _sessions(out)
+        served = {c["replica"] for data in sessions.values() for c in data["calls"]}
+        assert served <= {"r0", "r1"} and served, served
+        for sid, data in sessions.items():
+            assert len({c["replica"] for c in data["calls"]}) <= 1, (
+                sid,
+                [c["replica"] for c in data["calls"]],
+            )
+        checks = [json.loads(line) for line in (out / "parity" / "checks.jsonl").read_text().splitlines()]
+        assert [c["version"] for c in checks] == [0, 1, 2] and all(
+            c["ok"] and c["replicas"] == 2 for c in checks
+        )
+        assert not run_processes(out), "processes of the run are still alive"
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+        for server in servers:
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
