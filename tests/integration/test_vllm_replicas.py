@@ -158,9 +158,9 @@ def _start_commands(urls: list[str]) -> list[tuple[dict[str, str], list[str]]]:
     ).stdout  # fmt: skip
     commands = []
     for line in listing.splitlines():
-        words = shlex.split(line.strip())
-        if not words or not words[0].startswith("FINEENVS_REPLICA="):
+        if not line.strip().startswith("FINEENVS_REPLICA="):
             continue
+        words = shlex.split(line.strip())
         env = dict(
             w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w and not w.startswith("-"), words)
         )
