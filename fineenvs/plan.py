@@ -427,6 +427,12 @@ def preflight(run: RunConfig) -> list[str]:
             "scheduler.sandbox=bwrap needs bubblewrap, which is not installed: apt-get install bubblewrap "
             "(or scheduler.sandbox=plain)."
         )
+    if run.scheduler.sandbox.value == "docker":
+        from fineenvs.harnesses.container import daemon_problem
+
+        problem = daemon_problem()
+        if problem:
+            problems.append(problem)
     problems += _harness_problems(run)
     problems += _teacher_collection_problems(run)
     problems += _attached_engine_problems(run)
