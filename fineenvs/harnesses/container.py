@@ -73,6 +73,10 @@ class DockerSettings:
     pulled by the daemon if it is not present (``docker login`` first for a private registry)."""
     task_images: dict[str, str] | None = None
     """Prebuilt images by task id (from a registry), used instead of building the task's Dockerfile."""
+    build_task_images: bool = True
+    """Build a task's ``environment/Dockerfile`` into its image (once per content). False: tasks
+    run in ``image`` (or the default image) even when they bring a Dockerfile, e.g. one that starts
+    FROM a registry image this machine cannot pull."""
     memory: str = "4g"
     """Memory limit per container (docker's ``-m``: bytes or with a b/k/m/g suffix); swap is not added."""
     pids: int = 512
@@ -263,7 +267,7 @@ _ETC = {
     "etc/hosts": "127.0.0.1 localhost\n::1 localhost\n",
     "etc/resolv.conf": "",
 }
-_BASE_RECIPE = "1"  # bump when the layout below changes
+_BASE_RECIPE = "2"  # bump when the layout below changes
 
 
 def _assemble_base(files: dict[str, Path], root: Path) -> None:
@@ -284,6 +288,12 @@ def _assemble_base(files: dict[str, Path], root: Path) -> None:
     usr_bin = root / "usr/bin"
     if not (usr_bin / "sh").exists() and (usr_bin / "dash").exists():
         (usr_bin / "sh").symlink_to("dash")
+    # Agents run ``python3`` in their shells (data tasks): the mounted host Python, with its packages.
+    local_bin = root / "usr/local/bin"
+    local_bin.mkdir(parents=True, exist_ok=True)
+    python = python_prefixes()[0] / "bin" / "python3"
+    for name in ("python3", "python"):
+        (local_bin / name).symlink_to(python)
 
 
 _BUILD_LOCK = threading.Lock()
@@ -296,7 +306,7 @@ def default_image() -> str:
         if "base" in _BUILT:
             return _BUILT["base"]
         files = _base_files()
-        digest = hashlib.sha256(_BASE_RECIPE.encode())
+        digest = hashlib.sha256(f"{_BASE_RECIPE}\0{python_prefixes()[0]}".encode())
         for dest in sorted(files):
             digest.update(dest.encode() + b"\0")
             digest.update(hashlib.sha256(files[dest].read_bytes()).digest())
@@ -362,7 +372,7 @@ def image_for(settings: DockerSettings, *, task_id: str | None, environment: Pat
     """Which image an attempt runs in (see the module docstring)."""
     if task_id and settings.task_images and task_id in settings.task_images:
         return settings.task_images[task_id]
-    if environment is not None and (environment / "Dockerfile").is_file():
+    if settings.build_task_images and environment is not None and (environment / "Dockerfile").is_file():
         return task_image(environment)
     return settings.image or default_image()
 

@@ -451,7 +451,9 @@ def _run_in(
         "step_limit": step_limit,
     }
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
-    if setup_error:
+    if setup_error:  # the agent never started: its logs say why, where a reader looks first
+        (attempt_dir / "stdout.txt").write_bytes(b"")
+        (attempt_dir / "stderr.txt").write_text(setup_error + "\n")
         run = _AgentRun(None, False, [], setup_error, 0.0)
     else:
         run = _run_agent(
