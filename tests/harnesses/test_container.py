@@ -155,7 +155,9 @@ def test_task_dockerfile_is_built_once_and_the_attempt_runs_in_it(tmp_path: Path
     (task_dir / "environment").mkdir(parents=True)
     (task_dir / "tests").mkdir()
     (task_dir / "tests" / "test.sh").write_text("#!/bin/sh\necho gold\n")
-    (task_dir / "task.toml").write_text('[metadata]\nquestion = "q"\nanswer = "7"\ndifficulty_tier = "easy"\n')
+    (task_dir / "task.toml").write_text(
+        '[metadata]\nquestion = "q"\nanswer = "7"\ndifficulty_tier = "easy"\n'
+    )
     nonce = os.urandom(4).hex()  # a fresh build every test run: the RUN step must really execute
     (task_dir / "environment" / "Dockerfile").write_text(
         f"FROM {ct.default_image()}\nRUN mkdir -p /opt/task && echo from-task-image-{nonce} > /opt/task/marker\n"
