@@ -323,7 +323,8 @@ def default_image() -> str:
 
 
 def _build(tag: str, context: Path, *, label: str, build_args: dict[str, str] | None = None) -> None:
-    args = ["build", "-q", "-t", tag, "--label", "fineenvs.image=1"]
+    # --force-rm: a failed RUN step leaves no stopped container behind
+    args = ["build", "-q", "--force-rm", "-t", tag, "--label", "fineenvs.image=1"]
     for key, value in (build_args or {}).items():
         args += ["--build-arg", f"{key}={value}"]
     done = _docker(*args, str(context), timeout=BUILD_TIMEOUT_S, check=False)

@@ -189,9 +189,13 @@ def test_failed_task_build_says_why_and_how_to_fix(tmp_path: Path) -> None:
     env_dir = tmp_path / "environment"
     env_dir.mkdir()
     (env_dir / "Dockerfile").write_text(f"FROM {ct.default_image()}\nRUN exit 3\n")
+    before = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout.split()
     result = _run(tmp_path, "echo never", environment=env_dir)
     assert result.exit_reason in ("crashed", "wiring_failure")
     assert "building the task image" in result.detail and "FINEENVS_BASE_IMAGE" in result.detail
+    assert "building the task image" in (tmp_path / "attempt" / "stderr.txt").read_text()
+    after = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout.split()
+    assert set(after) <= set(before), "the failed build left its step's container behind"
 
 
 _CHILD = """
