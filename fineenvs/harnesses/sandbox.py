@@ -310,19 +310,20 @@ def _docker_wrap(
     return wrapped, {**env, **client, CONTAINER_ENV: name}, bridge, name
 
 
-def _container_outcome(run: _AgentRun, name: str, plan: _ContainerPlan | None) -> _AgentRun:
-    """The run, with a kill for memory recorded as its failure; the container is removed."""
+def _container_outcome(run: _AgentRun, name: str, plan: _ContainerPlan | None) -> tuple[_AgentRun, bool]:
+    """The run, with a kill for memory recorded as its failure, and whether there was one; the
+    container is removed."""
     from fineenvs.harnesses.container import container_end
 
     oom, _code = container_end(name)
     if not oom:
-        return run
+        return run, False
     limit = plan.settings.memory if plan is not None else "?"
     detail = (
         f"out of memory: the container was killed at its memory limit (scheduler.docker.memory={limit}); "
         "raise it, e.g. scheduler.docker.memory=8g"
     )
-    return replace(run, detail="; ".join(x for x in (detail, run.detail) if x), returncode=run.returncode)
+    return replace(run, detail="; ".join(x for x in (detail, run.detail) if x)), True
 
 
 def run_attempt(
@@ -465,9 +466,12 @@ def _run_in(
             timeout_seconds=timeout_seconds,
             bridge=bridge,
         )
+    oom = False
     if container_name:
-        run = _container_outcome(run, container_name, container)
+        run, oom = _container_outcome(run, container_name, container)
     result = _attempt_result(harness, run, attempt_dir=attempt_dir, workdir=workdir, proxy_stats=proxy_stats)
+    if oom and result.exit_reason == "wiring_failure":  # killed before its first call: not a wiring fault
+        result.exit_reason = "crashed"
     record["result"] = result.to_json()
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
     return result
