@@ -291,7 +291,7 @@ def _assemble_base(files: dict[str, Path], root: Path) -> None:
     # Agents run ``python3`` in their shells (data tasks): the mounted host Python, with its packages.
     local_bin = root / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
-    python = python_prefixes()[0] / "bin" / "python3"
+    python = Path(sys.base_prefix).resolve() / "bin" / "python3"
     for name in ("python3", "python"):
         (local_bin / name).symlink_to(python)
 
@@ -306,7 +306,7 @@ def default_image() -> str:
         if "base" in _BUILT:
             return _BUILT["base"]
         files = _base_files()
-        digest = hashlib.sha256(f"{_BASE_RECIPE}\0{python_prefixes()[0]}".encode())
+        digest = hashlib.sha256(f"{_BASE_RECIPE}\0{Path(sys.base_prefix).resolve()}".encode())
         for dest in sorted(files):
             digest.update(dest.encode() + b"\0")
             digest.update(hashlib.sha256(files[dest].read_bytes()).digest())
@@ -402,7 +402,7 @@ def docker_argv(
     docker client's own environment, so they never appear on a command line)."""
     from fineenvs.paths import harness_cache
 
-    python = python_prefixes()[0]
+    python = Path(sys.base_prefix).resolve()  # the bridge's interpreter: stdlib only, mounted below
     mounts: list[str] = []
     for path in (*python_prefixes(), harness_cache().resolve()):
         mounts += ["-v", f"{path}:{path}:ro"]

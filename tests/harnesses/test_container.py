@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.usefixtures("docker_daemon"),
 ]
 
-PYTHON = f"{ct.python_prefixes()[0]}/bin/python3"
+PYTHON = f"{Path(sys.base_prefix).resolve()}/bin/python3"  # mounted in every container
 
 
 class _Hello(BaseHTTPRequestHandler):
