@@ -406,6 +406,12 @@ def docker_argv(
     mounts: list[str] = []
     for path in (*python_prefixes(), harness_cache().resolve()):
         mounts += ["-v", f"{path}:{path}:ro"]
+    # A harness that runs a driver script of ours (OpenHands) names it on its command line: that
+    # file alone, never the rest of the package (the task code and graders stay out).
+    here = Path(__file__).resolve().parent
+    for arg in dict.fromkeys(argv):
+        if arg.endswith(".py") and Path(arg).is_file() and Path(arg).resolve().parent == here:
+            mounts += ["-v", f"{arg}:{arg}:ro"]
     bridge = Path(__file__).with_name("netbridge.py")
     return [
         docker_binary(), "run", "--name", name,

@@ -54,8 +54,10 @@ def test_preflight_names_a_missing_daemon_and_the_fix(monkeypatch: pytest.Monkey
 def test_docker_run_line_isolates_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FINEENVS_RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(ct, "docker_binary", lambda: "/usr/bin/docker")
+    driver = str(Path(ct.__file__).with_name("openhands_driver.py"))
+    grader = str(Path(ct.__file__).parents[1] / "tasks" / "grader.py")
     argv = ct.docker_argv(
-        ["agent", "--flag"],
+        ["agent", "--flag", driver, grader],
         settings=DockerSettings(memory="1g", pids=100, cpus=0.5),
         image="img:1",
         name="fineenvs-abc",
@@ -88,6 +90,10 @@ def test_docker_run_line_isolates_the_attempt(tmp_path: Path, monkeypatch: pytes
     volumes = after("-v")
     assert f"{tmp_path / 'home'}:/tmp/home" in volumes and f"{tmp_path / 'work'}:/tmp/work" in volumes
     assert all(v.endswith(":ro") for v in volumes if not v.startswith(str(tmp_path)))
+    assert f"{driver}:{driver}:ro" in volumes  # a harness's driver script, and nothing else of ours
+    assert not [
+        v for v in volumes if "fineenvs/tasks" in v or v.startswith(str(Path(ct.__file__).parents[1]) + ":")
+    ]
     assert after("-w") == ["/tmp/work"]
     image_at = argv.index("img:1")
     assert argv[image_at + 2 :] == [
@@ -98,5 +104,7 @@ def test_docker_run_line_isolates_the_attempt(tmp_path: Path, monkeypatch: pytes
         "--",
         "agent",
         "--flag",
+        driver,
+        grader,
     ]
     assert ct.run_id(str(tmp_path / "run")) != ct.run_id(str(tmp_path / "other"))
