@@ -355,6 +355,10 @@ def task_image(environment: Path) -> str:
             return tag
     base = default_image()
     with _BUILD_LOCK:
+        if tag in _BUILT:  # another attempt's thread built it meanwhile
+            return tag
+        if tag in _TASK_FAILED:
+            raise RuntimeError(_TASK_FAILED[tag])
         try:
             _build(
                 tag,
