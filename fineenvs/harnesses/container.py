@@ -121,9 +121,15 @@ def daemon_problem() -> str | None:
         docker = docker_binary()
     except DockerUnavailable as exc:
         return str(exc)
-    done = subprocess.run(
-        [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=30
-    )
+    try:
+        done = subprocess.run(
+            [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return (
+            "scheduler.sandbox=docker needs a Docker daemon, and the one docker reaches did not answer "
+            "within 30 s. Fix: check dockerd (its log), or point DOCKER_HOST at another."
+        )
     if done.returncode != 0:
         return (
             "scheduler.sandbox=docker needs a Docker daemon, and none answers "
