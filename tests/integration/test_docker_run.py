@@ -50,9 +50,18 @@ def _needs_agents() -> None:
 
 def test_smoke_run_in_containers_with_two_harnesses(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
+    # What an earlier run on this folder left (a restart), and a container of another run.
+    left = _sleeper(ct.run_id(str(out)))
+    foreign = _sleeper(ct.run_id(str(tmp_path / "another-run")))
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
-    res = subprocess.run(_cmd(out), capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=1200)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    try:
+        res = subprocess.run(_cmd(out), capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert f"removed 1 container(s) an earlier run on {out} left behind" in res.stdout
+        alive = subprocess.run(["docker", "ps", "-q", "--no-trunc"], capture_output=True, text=True).stdout
+        assert left not in alive and foreign in alive
+    finally:
+        subprocess.run(["docker", "rm", "-f", left, foreign], capture_output=True)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["rows_trained"] > 0
     attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
@@ -66,6 +75,16 @@ def test_smoke_run_in_containers_with_two_harnesses(tmp_path: Path) -> None:
         arg.split(":")[1] for arg in records[0]["argv"] if arg.count(":") == 1
     }
     assert ct.run_containers(ct.run_id(str(out))) == []
+
+
+def _sleeper(rid: str) -> str:
+    done = subprocess.run(
+        ["docker", "run", "-d", "--label", f"{ct.RUN_LABEL}={rid}", ct.default_image(), "sleep", "600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
 
 
 def test_sigterm_of_a_docker_run_leaves_no_container_and_no_process(tmp_path: Path) -> None:
