@@ -623,6 +623,7 @@ def _check_scheduler(run: RunConfig) -> list[str]:
         out.append("scheduler.max_staleness must be >= 0. Fix: scheduler.max_staleness=4")
     if s.passes < 1:
         out.append("scheduler.passes must be >= 1. Fix: scheduler.passes=2")
+    out += s.docker.problems()
     return out
 
 

@@ -84,21 +84,22 @@ class DockerSettings:
     cpus: float = 1.0
     """CPU limit per container (``--cpus``)."""
 
-    def __post_init__(self) -> None:
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (``fineenvs.config.validate`` reports it at compose time)."""
+        out: list[str] = []
         if not _MEMORY.match(str(self.memory).lower()):
-            raise ValueError(
+            out.append(
                 f"scheduler.docker.memory={self.memory!r} is not a size docker understands: a number "
                 "with an optional b/k/m/g suffix. Fix: e.g. scheduler.docker.memory=4g"
             )
         if self.pids < 16:
-            raise ValueError(
+            out.append(
                 f"scheduler.docker.pids={self.pids} leaves an agent no room for its shells (at least 16). "
                 "Fix: e.g. scheduler.docker.pids=512"
             )
         if self.cpus <= 0:
-            raise ValueError(
-                f"scheduler.docker.cpus={self.cpus} must be > 0. Fix: e.g. scheduler.docker.cpus=1"
-            )
+            out.append(f"scheduler.docker.cpus={self.cpus} must be > 0. Fix: e.g. scheduler.docker.cpus=1")
+        return out
 
 
 class DockerUnavailable(RuntimeError):

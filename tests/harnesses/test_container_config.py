@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fineenvs.config import ConfigError
 from fineenvs.harnesses import container as ct
 from fineenvs.harnesses.container import DockerSettings
 from fineenvs.jobs.builders import attempt_settings
@@ -24,10 +25,10 @@ from tests.test_config import load
     ],
 )
 def test_bad_docker_settings_fail_at_compose_time(override: str, expected: str) -> None:
-    with pytest.raises(Exception) as err:  # noqa: B017 - Hydra wraps the ValueError differently per path
+    with pytest.raises(ConfigError) as err:
         load("+experiment=smoke", "scheduler.sandbox=docker", override)
-    text = str(err.value) + str(err.value.__cause__)
-    assert expected in text and "Fix: e.g. scheduler.docker." in text
+    [problem] = err.value.problems
+    assert expected in problem and "Fix: e.g. scheduler.docker." in problem
 
 
 def test_docker_settings_reach_the_attempt_runner() -> None:
