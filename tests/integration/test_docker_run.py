@@ -1,5 +1,6 @@
 """The smoke run with every attempt in a container (``scheduler.sandbox=docker``), two real agent
-CLIs (Mini-SWE-Agent and OpenCode), and a SIGTERM that must leave no container and no process."""
+CLIs (Mini-SWE-Agent and OpenCode), and a SIGTERM or SIGKILL of the run that must leave no
+container and no process."""
 
 from __future__ import annotations
 
@@ -87,7 +88,10 @@ def _sleeper(rid: str) -> str:
     return done.stdout.strip()
 
 
-def test_sigterm_of_a_docker_run_leaves_no_container_and_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopped_or_killed_docker_run_leaves_no_container_and_no_process(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     out = tmp_path / "term"
     out.mkdir()
     rid = ct.run_id(str(out))
@@ -102,15 +106,16 @@ def test_sigterm_of_a_docker_run_leaves_no_container_and_no_process(tmp_path: Pa
             assert run.poll() is None, (tmp_path / "term.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no container of the run started within 10 minutes"
             time.sleep(0.5)
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(timeout=180) == 128 + signal.SIGTERM, (tmp_path / "term.log").read_text()[-3000:]
+        run.send_signal(sig)  # SIGKILL: the run alone, as the OOM killer would; its guards must clean up
+        expected = 128 + signal.SIGTERM if sig == signal.SIGTERM else -signal.SIGKILL
+        assert run.wait(timeout=180) == expected, (tmp_path / "term.log").read_text()[-3000:]
     finally:
         if run.poll() is None:
             run.kill()
-    assert ct.run_containers(rid) == []
-    deadline = time.monotonic() + 15
-    while run_processes(out) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # after SIGKILL the guards remove the containers themselves
+    while (run_processes(out) or ct.run_containers(rid)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert ct.run_containers(rid) == []
     assert run_processes(out) == []
     clients = subprocess.run(["pgrep", "-f", f"label={ct.RUN_LABEL}={rid}"], capture_output=True, text=True)
     assert clients.stdout.split() == []
