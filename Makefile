@@ -6,7 +6,7 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-vllm test-gpu test-learning check docs house bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-containers test-vllm test-gpu test-learning check docs house bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test         install everything, run the default test tier"
 	@echo "make test-slow    integration tier (tiny models trained on CPU, real servers, end to end)"
 	@echo "make test-harness real agent CLIs end to end through the proxy"
+	@echo "make test-containers the docker sandbox on a real dockerd (started and stopped here; installs docker.io)"
 	@echo "make test-vllm    real vLLM (CPU build): serving, both weight syncs, parity gate, smoke runs; 0.33's parser"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
@@ -45,6 +46,12 @@ test-slow: setup
 
 test-harness: setup
 	$(PYTEST) -q -m harness --durations=15
+
+# The docker sandbox (scheduler.sandbox=docker) against a real daemon: scripts/dockerd.sh starts one
+# where none answers (no bridge, no iptables rules) and stops it afterwards, also when a test fails.
+test-containers: setup
+	scripts/dockerd.sh start
+	$(PYTEST) -q -m containers --durations=10; status=$$?; scripts/dockerd.sh stop; exit $$status
 
 # vLLM's CPU build serves; vLLM 0.33.0 (the GPU release) only parses and validates.
 test-vllm: setup

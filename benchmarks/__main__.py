@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine|proxy|tree|gpu|trainer|agent-start|replicas|cache-after-push} [args]``: benchmarks that print their figures."""
+"""``python -m benchmarks <name> [args]``: benchmarks that print their figures (names: ``BENCHES``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ BENCHES = {
     "agent-start": "benchmarks.agent_start",
     "replicas": "benchmarks.replicas",
     "cache-after-push": "benchmarks.cache_after_push",
+    "sandbox-start": "benchmarks.sandbox_start",
 }
 
 

@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from fineenvs.api_formats import ApiFormat
 from fineenvs.engine.router import RouterOptions
+from fineenvs.harnesses.container import DockerSettings
 from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
@@ -106,6 +107,7 @@ class HarnessSelection(enum.Enum):
 class SandboxKind(enum.Enum):
     plain = "plain"  # fresh HOME/workdir, env from scratch, own process group, wall-clock timeout
     bwrap = "bwrap"  # plus bubblewrap: read-only root, writable attempt dir, network only to the proxy
+    docker = "docker"  # a container per attempt: task image, limits, network only to the proxy
 
 
 class LoggerKind(enum.Enum):
@@ -283,7 +285,10 @@ class SchedulerSpec:
     seed: int = 0
     max_consecutive_empty_groups: int = 3
     sandbox: SandboxKind = SandboxKind.plain
-    """Per-attempt isolation (docs/concepts/isolation.md); bwrap needs the bubblewrap package."""
+    """Per-attempt isolation (docs/concepts/isolation.md); bwrap needs the bubblewrap package,
+    docker a Docker daemon."""
+    docker: DockerSettings = field(default_factory=DockerSettings)
+    """The container sandbox's settings (``sandbox=docker``): image, memory, pids, cpus."""
 
 
 @dataclass
@@ -618,6 +623,7 @@ def _check_scheduler(run: RunConfig) -> list[str]:
         out.append("scheduler.max_staleness must be >= 0. Fix: scheduler.max_staleness=4")
     if s.passes < 1:
         out.append("scheduler.passes must be >= 1. Fix: scheduler.passes=2")
+    out += s.docker.problems()
     return out
 
 

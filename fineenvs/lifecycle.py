@@ -7,6 +7,8 @@
   only briefly (the engine, the proxy and every agent's guard get a signal when it dies:
   ``PR_SET_PDEATHSIG``), but a restarted run on the same output directory still stops any process
   that carries the directory's mark first (SIGTERM, then SIGKILL).
+- ``remove_run_containers(out)``: the same for the docker sandbox's containers, found by their
+  ``fineenvs.run`` label (a hash of the output directory), at a restart and at the run's end.
 - ``stop_on_signals(out)``: SIGTERM (what SLURM sends at a time limit or ``scancel``) and SIGINT
   stop the run the way Ctrl-C does, by raising ``KeyboardInterrupt`` in the main thread, so every
   component stops in reverse order; first each running attempt's guard is told to take its agent
@@ -77,6 +79,20 @@ def reap_leftovers(out: Path, grace_s: float = 5.0) -> list[int]:
         while time.monotonic() < deadline and _marked(value):
             time.sleep(0.1)
     return found
+
+
+def remove_run_containers(out: Path) -> list[str]:
+    """Remove the containers labelled with the run on ``out`` (the docker sandbox's; an earlier run
+    killed before its attempts' guards could remove them, or this run's at its end); returns their ids.
+    Nothing to do, and no daemon asked, where no docker client is installed."""
+    import shutil
+
+    if shutil.which("docker") is None:
+        return []
+    from fineenvs.harnesses.container import remove_run_containers as remove
+    from fineenvs.harnesses.container import run_id
+
+    return remove(run_id(str(Path(out).resolve())))
 
 
 def stop_on_signals(out: Path) -> None:

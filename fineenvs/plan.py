@@ -393,6 +393,7 @@ def _rollout_lines(run: RunConfig) -> list[str]:
         adapter = HARNESSES.get(name)
         pin = f"{adapter.package}@{adapter.version} ({adapter.registry})" if adapter else "(no adapter)"
         out.append(f"    {name}: {pin} format={h.api_format.value} weight={h.weight}{step}")
+    out.append(_sandbox_line(run))
     t = run.tasks
     extra = [f"subset={t.subset}"] if t.subset else []
     if t.limit:
@@ -411,6 +412,22 @@ def _rollout_lines(run: RunConfig) -> list[str]:
         f"  reward: {terms} tool_budget={r.tool_budget} verified_tool_count={r.require_verified_tool_count}"
     )
     return out
+
+
+def _sandbox_line(run: RunConfig) -> str:
+    sandbox = run.scheduler.sandbox.value
+    if sandbox != "docker":
+        return f"  sandbox: {sandbox}"
+    d = run.scheduler.docker
+    image = d.image or "fineenvs-base (built here from this machine's runtime)"
+    tasks = (
+        "built from each task's environment/Dockerfile" if d.build_task_images else "not built (image above)"
+    )
+    prebuilt = f", {len(d.task_images)} prebuilt" if d.task_images else ""
+    return (
+        f"  sandbox: docker image={image} task images: {tasks}{prebuilt}; memory={d.memory} pids={d.pids} "
+        f"cpus={d.cpus} network=none (the proxy through a Unix-socket bridge)"
+    )
 
 
 def _training_lines(run: RunConfig) -> list[str]:
@@ -457,6 +474,12 @@ def preflight(run: RunConfig) -> list[str]:
             "scheduler.sandbox=bwrap needs bubblewrap, which is not installed: apt-get install bubblewrap "
             "(or scheduler.sandbox=plain)."
         )
+    if run.scheduler.sandbox.value == "docker":
+        from fineenvs.harnesses.container import daemon_problem
+
+        problem = daemon_problem()
+        if problem:
+            problems.append(problem)
     problems += _harness_problems(run)
     problems += _teacher_collection_problems(run)
     problems += _attached_engine_problems(run)

@@ -69,12 +69,21 @@ def hydra_main(cfg: DictConfig) -> float | None:
         )
         raise SystemExit(3)
     from fineenvs.jobs import run_job
-    from fineenvs.lifecycle import mark_run, reap_leftovers, stop_on_signals, stopped_by
+    from fineenvs.lifecycle import (
+        mark_run,
+        reap_leftovers,
+        remove_run_containers,
+        stop_on_signals,
+        stopped_by,
+    )
 
     out = Path(run.output_dir)
     reaped = reap_leftovers(out)
     if reaped:
         print(f"stopped {len(reaped)} process(es) an earlier run on {out} left behind: {reaped}", flush=True)
+    containers = run.scheduler.sandbox.value == "docker"
+    if containers and (removed := remove_run_containers(out)):
+        print(f"removed {len(removed)} container(s) an earlier run on {out} left behind", flush=True)
     mark_run(out)
     stop_on_signals(out)
     try:
@@ -87,6 +96,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
             file=sys.stderr,
         )
         raise SystemExit(128 + signum) from None
+    finally:
+        if containers:  # what a guard could not remove (the daemon was slow): the run's label finds it
+            remove_run_containers(out)
 
 
 def main() -> None:

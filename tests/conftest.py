@@ -85,3 +85,13 @@ def tiny_model_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_name: str) -> Path:
     return ensure_tiny_model(tiny_model_name)
+
+
+@pytest.fixture(scope="session")
+def docker_daemon() -> None:
+    """A Docker daemon answers (the container tier: ``make test-containers`` starts one)."""
+    from fineenvs.harnesses.container import daemon_problem
+
+    problem = daemon_problem()
+    if problem:
+        pytest.fail(f"{problem} (make test-containers starts one: scripts/dockerd.sh start)")

@@ -10,7 +10,8 @@ SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), starts the agent in a proce
 own, and on SIGTERM (the run died, or the run is stopping the attempt) kills that group and every
 process carrying the attempt's marker in its environment (descendants that left the group), first
 with SIGTERM, then SIGKILL. Otherwise it waits for the agent and exits as the agent did (the same
-exit code, or the same signal), so the caller sees the agent's own status.
+exit code, or the same signal), so the caller sees the agent's own status. When the agent is a
+``docker run`` client (the docker sandbox), stopping also removes its container by name.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 
 MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # every process of an attempt carries it (the sandbox sets it)
 RUN_MARKER_ENV = "FINEENVS_RUN_DIR"  # every process of a run: its output directory (fineenvs.lifecycle)
+CONTAINER_ENV = "FINEENVS_CONTAINER"  # the attempt's container, where it runs in one (container.py)
 GRACE_SECONDS = 3.0
 
 
@@ -72,6 +74,15 @@ def _take_down(agent: subprocess.Popen[bytes], marker: str) -> None:
             time.sleep(0.05)
 
 
+def _remove_container() -> None:
+    """The attempt's container (the docker sandbox names it in our environment): killing the
+    ``docker run`` client does not stop the container, and the run may be gone already."""
+    name = os.environ.get(CONTAINER_ENV)
+    if name:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: guard.py <run pid> <marker> -- <argv...>", file=sys.stderr)
@@ -94,6 +105,7 @@ def main(argv: list[str]) -> int:
             agent.wait(timeout=0.2)
     if stopping:
         _take_down(agent, marker)
+        _remove_container()
         return 128 + signal.SIGTERM
     _take_down(agent, marker)  # the agent exited: its leftovers (shells, servers) go too
     code = agent.returncode

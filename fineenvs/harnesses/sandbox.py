@@ -43,16 +43,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Launch, Outputs
-from fineenvs.harnesses.guard import MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
+from fineenvs.harnesses.guard import CONTAINER_ENV, MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
 from fineenvs.jsonl import JsonObject
 
 if TYPE_CHECKING:
+    from fineenvs.harnesses.container import DockerSettings
     from fineenvs.harnesses.netbridge import UnixToTcp
 
 ANSWER_FILE = "answer.txt"
@@ -212,18 +213,14 @@ SANDBOX_WORK = Path("/tmp/work")
 SANDBOX_BRIDGE = Path("/tmp/.fineenvs-bridge")  # the proxy's Unix socket, inside the sandbox
 
 
-def _bwrap_wrap(
-    argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str
-) -> tuple[list[str], UnixToTcp]:
+def _proxy_bridge(base_url: str, mode: str) -> tuple[UnixToTcp, Path, Path, int]:
+    """The outside half of the proxy bridge: (bridge, its socket folder, the socket, the proxy's port)."""
     from fineenvs.harnesses.netbridge import UnixToTcp
 
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise RuntimeError("use_bwrap=True but bwrap is not installed; apt-get install bubblewrap")
     parts = urlsplit(base_url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     if host not in ("127.0.0.1", "localhost"):
-        raise RuntimeError(f"bwrap mode reaches the proxy over loopback only; base_url host is {host!r}")
+        raise RuntimeError(f"{mode} mode reaches the proxy over loopback only; base_url host is {host!r}")
     # A Unix socket path must fit in 108 bytes (sun_path), which attempt folders deep in an output
     # directory do not: the socket lives in a short private host folder, bound to a fixed short
     # path inside the sandbox.
@@ -235,7 +232,16 @@ def _bwrap_wrap(
             f"the sandbox's proxy socket path {sock} is longer than a Unix socket allows (108 bytes): "
             "TMPDIR is too deep. Fix: set TMPDIR to a short folder, e.g. TMPDIR=/tmp"
         )
-    bridge = UnixToTcp(str(sock), host, port, cleanup_dir=str(sock_dir))
+    return UnixToTcp(str(sock), host, port, cleanup_dir=str(sock_dir)), sock_dir, sock, port
+
+
+def _bwrap_wrap(
+    argv: list[str], *, attempt_dir: Path, workdir: Path, base_url: str
+) -> tuple[list[str], UnixToTcp]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise RuntimeError("use_bwrap=True but bwrap is not installed; apt-get install bubblewrap")
+    bridge, sock_dir, sock, port = _proxy_bridge(base_url, "bwrap")
     wrapped = [
         bwrap,
         "--ro-bind", "/", "/",
@@ -258,6 +264,68 @@ def _bwrap_wrap(
     return wrapped, bridge
 
 
+@dataclass(frozen=True)
+class _ContainerPlan:
+    settings: DockerSettings
+    task_id: str | None
+    environment: Path | None
+
+
+def _docker_wrap(
+    argv: list[str],
+    env: dict[str, str],
+    plan: _ContainerPlan,
+    *,
+    marker: str,
+    home: Path,
+    workdir: Path,
+    base_url: str,
+) -> tuple[list[str], dict[str, str], UnixToTcp, str]:
+    """``argv`` as a ``docker run`` (see ``fineenvs.harnesses.container``): the command, the docker
+    client's environment (the agent's variables, passed on by name, plus what the client itself
+    needs), the proxy bridge and the container's name."""
+    from fineenvs.harnesses import container as ct
+
+    image = ct.image_for(plan.settings, task_id=plan.task_id, environment=plan.environment)
+    name = f"fineenvs-{marker[:16]}"
+    bridge, sock_dir, sock, port = _proxy_bridge(base_url, "docker")
+    wrapped = ct.docker_argv(
+        argv,
+        settings=plan.settings,
+        image=image,
+        name=name,
+        attempt_id=marker,
+        home=home,
+        workdir=workdir,
+        sock_dir=sock_dir,
+        sock_name=sock.name,
+        port=port,
+        env_names=sorted(env),
+        sandbox_home=SANDBOX_HOME,
+        sandbox_work=SANDBOX_WORK,
+        sandbox_bridge=SANDBOX_BRIDGE,
+    )
+    # Only the client reads these; the container gets the names listed with -e above.
+    client = {k: os.environ[k] for k in ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT") if k in os.environ}
+    return wrapped, {**env, **client, CONTAINER_ENV: name}, bridge, name
+
+
+def _container_outcome(run: _AgentRun, name: str, plan: _ContainerPlan | None) -> tuple[_AgentRun, bool]:
+    """The run, with a kill for memory recorded as its failure, and whether there was one; the
+    container is removed."""
+    from fineenvs.harnesses.container import container_end
+
+    oom, _code = container_end(name)
+    if not oom:
+        return run, False
+    limit = plan.settings.memory if plan is not None else "?"
+    detail = (
+        f"out of memory: the container was killed at its memory limit (scheduler.docker.memory={limit}); "
+        "raise it, e.g. scheduler.docker.memory=8g"
+    )
+    return replace(run, detail="; ".join(x for x in (detail, run.detail) if x)), True
+
+
 def run_attempt(
     harness: Harness,
     *,
@@ -271,6 +339,9 @@ def run_attempt(
     timeout_seconds: float,
     step_limit: int | None = None,
     use_bwrap: bool = False,
+    docker: DockerSettings | None = None,
+    task_id: str | None = None,
+    environment: Path | None = None,
     proxy_stats: Callable[[], ProxyStats | None] | None = None,
 ) -> AttemptResult:
     """Run ``harness`` once on ``task_prompt`` in a fresh HOME/workdir under ``attempt_dir``.
@@ -278,6 +349,9 @@ def run_attempt(
     ``proxy_stats`` is called after the agent has exited (and its process group is gone) and
     returns what the proxy recorded for this attempt's session; it decides budget stops, context
     overflows and wiring failures and gives the proxy-side tool-call count.
+
+    ``docker`` set: the agent runs in a container (``fineenvs.harnesses.container``), in the image
+    of the task's ``environment`` folder where it has a Dockerfile.
     """
     fmt = harness.check_format(api_format or harness.default_format)
     attempt_dir = attempt_dir.resolve()
@@ -302,6 +376,7 @@ def run_attempt(
             timeout_seconds=timeout_seconds,
             step_limit=step_limit,
             use_bwrap=use_bwrap,
+            container=None if docker is None else _ContainerPlan(docker, task_id, environment),
             proxy_stats=proxy_stats,
         )
     finally:
@@ -339,6 +414,7 @@ def _run_in(
     timeout_seconds: float,
     step_limit: int | None,
     use_bwrap: bool,
+    container: _ContainerPlan | None,
     proxy_stats: Callable[[], ProxyStats | None] | None,
 ) -> AttemptResult:
     _copy_inputs(input_files, workdir)
@@ -346,11 +422,22 @@ def _run_in(
     harness.write_config(launch)
     # Config files are written where they live on the host; the command line and the environment
     # name the paths the agent sees (fixed ones inside bwrap, the same folders mounted there).
-    seen = launch.seen_as(SANDBOX_HOME, SANDBOX_WORK) if use_bwrap else launch
+    fixed_paths = use_bwrap or container is not None
+    seen = launch.seen_as(SANDBOX_HOME, SANDBOX_WORK) if fixed_paths else launch
     argv = harness.command(seen)
     marker = uuid.uuid4().hex
-    env = _marked_env(harness.env(seen), marker)
+    env = harness.env(seen)
     bridge: UnixToTcp | None = None
+    container_name = ""
+    setup_error = ""
+    if container is not None:
+        try:
+            argv, env, bridge, container_name = _docker_wrap(
+                argv, env, container, marker=marker, home=home, workdir=workdir, base_url=base_url
+            )
+        except Exception as exc:  # noqa: BLE001 - no image (a failed build, no daemon): the attempt's failure
+            setup_error = f"container: {exc}"
+    env = _marked_env(env, marker)
     if use_bwrap:
         argv, bridge = _bwrap_wrap(argv, attempt_dir=attempt_dir, workdir=workdir, base_url=base_url)
     record: JsonObject = {
@@ -360,20 +447,31 @@ def _run_in(
         "argv": argv,
         "env_names": sorted(env),
         "bwrap": use_bwrap,
+        "container": container_name or None,
         "timeout_seconds": timeout_seconds,
         "step_limit": step_limit,
     }
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
-    run = _run_agent(
-        argv,
-        env,
-        marker,
-        workdir=workdir,
-        attempt_dir=attempt_dir,
-        timeout_seconds=timeout_seconds,
-        bridge=bridge,
-    )
+    if setup_error:  # the agent never started: its logs say why, where a reader looks first
+        (attempt_dir / "stdout.txt").write_bytes(b"")
+        (attempt_dir / "stderr.txt").write_text(setup_error + "\n")
+        run = _AgentRun(None, False, [], setup_error, 0.0)
+    else:
+        run = _run_agent(
+            argv,
+            env,
+            marker,
+            workdir=workdir,
+            attempt_dir=attempt_dir,
+            timeout_seconds=timeout_seconds,
+            bridge=bridge,
+        )
+    oom = False
+    if container_name:
+        run, oom = _container_outcome(run, container_name, container)
     result = _attempt_result(harness, run, attempt_dir=attempt_dir, workdir=workdir, proxy_stats=proxy_stats)
+    if oom and result.exit_reason == "wiring_failure":  # killed before its first call: not a wiring fault
+        result.exit_reason = "crashed"
     record["result"] = result.to_json()
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
     return result

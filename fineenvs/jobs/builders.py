@@ -304,6 +304,7 @@ def attempt_settings(
         api_formats={n: h.api_format.value for n, h in run.harness.items()},
         step_limits={n: h.step_limit for n, h in run.harness.items()},
         use_bwrap=s.sandbox.value == "bwrap",
+        docker=s.docker if s.sandbox.value == "docker" else None,
     )
 
 

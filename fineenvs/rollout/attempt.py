@@ -28,6 +28,7 @@ from fineenvs.trajectory.record import CallRecord, calls_to_nodes
 from fineenvs.trajectory.rows import Row
 
 if TYPE_CHECKING:
+    from fineenvs.harnesses.container import DockerSettings
     from fineenvs.harnesses.sandbox import AttemptResult
     from fineenvs.tasks.grader import Grade
     from fineenvs.tasks.model import Task
@@ -45,6 +46,8 @@ class AttemptSettings:
     """harness name -> wire format to use."""
     step_limits: dict[str, int | None]
     use_bwrap: bool = False
+    docker: DockerSettings | None = None
+    """Set: every attempt in a container (``scheduler.sandbox=docker``)."""
 
 
 class ProxyAttemptRunner:
@@ -150,6 +153,9 @@ class ProxyAttemptRunner:
             timeout_seconds=s.timeout_seconds,
             step_limit=s.step_limits.get(group.harness),
             use_bwrap=s.use_bwrap,
+            docker=s.docker,
+            task_id=task.task_id,
+            environment=task.environment,
             proxy_stats=proxy_stats,
         )
         if not rollout:

@@ -94,6 +94,9 @@ def read_harbor_task(task_dir: Path, *, split: str | None = None) -> Task:
         difficulty=difficulty_for(meta, task_id),
         hidden=hidden,
         metadata=extra,
+        environment=env_dir
+        if (env_dir := task_dir / "environment").joinpath("Dockerfile").is_file()
+        else None,
     )
 
 

@@ -78,6 +78,9 @@ class Task:
     difficulty: str
     hidden: HiddenAnswer = field(repr=False)
     metadata: JsonObject = field(default_factory=dict)
+    environment: Path | None = None
+    """The task's environment folder (a ``Dockerfile`` inside, never the grader): its container
+    image under ``scheduler.sandbox=docker``; ignored by the other sandboxes."""
 
     def __post_init__(self) -> None:
         if not self.task_id or "/" in self.task_id or self.task_id in (".", ".."):
