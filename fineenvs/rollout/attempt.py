@@ -29,6 +29,7 @@ from fineenvs.trajectory.rows import Row
 
 if TYPE_CHECKING:
     from fineenvs.harnesses.sandbox import AttemptResult
+    from fineenvs.rollout.ray_backend import RayAttempts
     from fineenvs.tasks.grader import Grade
     from fineenvs.tasks.model import Task
 
@@ -45,6 +46,8 @@ class AttemptSettings:
     """harness name -> wire format to use."""
     step_limits: dict[str, int | None]
     use_bwrap: bool = False
+    remote: RayAttempts | None = None
+    """``scheduler.backend=ray``: attempts run on the cluster's rollout nodes; None: in this process."""
 
 
 class ProxyAttemptRunner:
@@ -137,9 +140,7 @@ class ProxyAttemptRunner:
             rollout.update(fut.result(timeout=60).json())
             return proxy_stats_from_rollout(rollout)
 
-        result = await asyncio.to_thread(
-            run_attempt,
-            get_harness(group.harness),
+        kwargs: dict[str, Any] = dict(
             task_prompt=task.instruction,
             input_files=task.input_files,
             attempt_dir=attempt_dir,
@@ -150,8 +151,13 @@ class ProxyAttemptRunner:
             timeout_seconds=s.timeout_seconds,
             step_limit=s.step_limits.get(group.harness),
             use_bwrap=s.use_bwrap,
-            proxy_stats=proxy_stats,
         )
+        if s.remote is not None:
+            result, rollout = await s.remote.run(group.harness, kwargs, rollout_url)
+        else:
+            result = await asyncio.to_thread(
+                run_attempt, get_harness(group.harness), **kwargs, proxy_stats=proxy_stats
+            )
         if not rollout:
             rollout = (await self.client.get(rollout_url)).json()
         return result, rollout
