@@ -35,6 +35,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -317,6 +318,17 @@ class LocalCluster:
         (self.out / CLUSTER_FILE).write_text(json.dumps(info, indent=1) + "\n")
         return str(self.cluster.address)
 
+    def reap(self) -> None:
+        """Collect the exit status of any of its Ray processes that died: they are this process's
+        children, and a dead raylet left a zombie keeps its workers (and their attempts) running
+        as if the node were alive (Ray's own ``Node`` reaps only when it kills)."""
+        if self.cluster is None:
+            return
+        for node in [self.cluster.head_node, *self.cluster.worker_nodes]:
+            for infos in list(node.all_processes.values()):
+                for info in infos:
+                    info.process.poll()
+
     def stop(self) -> None:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
@@ -339,6 +351,11 @@ def _node_info(node: Any) -> dict[str, Any]:
     }
 
 
+def _reap_every(local: LocalCluster, done: threading.Event) -> None:
+    while not done.wait(0.5):
+        local.reap()
+
+
 @contextlib.asynccontextmanager
 async def ray_attempts(
     settings: RaySettings, *, proxy_url: str, admin_key: str | None, out: Path
@@ -359,9 +376,13 @@ async def ray_attempts(
         attempts = RayAttempts(
             settings, proxy_url=proxy_url, admin_key=admin_key, run_marker=os.environ.get(RUN_MARKER_ENV)
         )
+        done = threading.Event()
+        if local is not None:
+            threading.Thread(target=_reap_every, args=(local, done), name="ray-reaper", daemon=True).start()
         try:
             yield attempts
         finally:
+            done.set()
             attempts.cancel_all()
     finally:
         ray.shutdown()
