@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -369,7 +370,13 @@ async def ray_attempts(
     local = None if settings.address else LocalCluster(settings, out)
     try:
         address = local.start() if local else settings.address
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         ray.init(address=address, log_to_driver=False, configure_logging=False)
+        # ray.init installs its own fatal-signal handlers in this process; SIGTERM must keep stopping
+        # the run as Ctrl-C does (fineenvs.lifecycle), so this unwinds and stops the cluster.
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         where = f"local cluster ({settings.local_sandbox_nodes} rollout nodes)" if local else address
         print(f"Built Ray backend on {where} at {ray.get_runtime_context().gcs_address}", flush=True)
         await asyncio.to_thread(check_shared_output, out, settings)

@@ -229,7 +229,9 @@ def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
     assert any("NodeDiedError" in a["error"] or "WorkerCrashedError" in a["error"] for a in lost), lost
     assert {a["harness"] for a in attempts} == set(HARNESSES)
     sandbox_ids = {n["node_id"] for n in info["sandbox_nodes"]}
-    records = "".join(p.read_text() for p in (out / "records").rglob("*.jsonl"))
+    sessions = {}  # attempt id -> the proxy's session folder (meta.json + calls.jsonl)
+    for meta in (out / "records" / "sessions").glob("*/meta.json"):
+        sessions[json.loads(meta.read_text())["metadata"].get("attempt")] = meta.parent
     graded = [a for a in attempts if a["reward"] is not None]
     assert graded, attempts
     for a in graded:
@@ -237,7 +239,9 @@ def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
             next((out / "attempts").rglob(f"{a['attempt_id']}/{PLACEMENT_FILE}")).read_text()
         )
         assert placement["node_id"] in sandbox_ids and placement["node_id"] != info["head"]["node_id"]
-        assert a["attempt_id"] in records, f"the proxy recorded no call of {a['attempt_id']}"
+        calls = (sessions[a["attempt_id"]] / "calls.jsonl").read_text().splitlines()
+        assert len(calls) == a["model_calls"] >= 1, f"the proxy's records of {a['attempt_id']}"
+        assert a["rows"] >= 1 and "correctness" in a["reward_terms"], a
     assert not _raylets_of(info["temp_dir"]) and not Path(info["temp_dir"]).exists()
     assert not run_processes(out)
 
