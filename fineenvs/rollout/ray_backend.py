@@ -52,6 +52,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+NODE_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # A raylet SIGKILLs a dead worker's children by default: that would be the attempt's guard,
+    # before it could take its agent down (the agent runs in a session of its own and outlives
+    # it). Left alone, the guard gets its parent-death SIGTERM and stops the agent itself.
+    "RAY_kill_child_processes_on_worker_exit": "0",
+}
+"""Environment every rollout node's raylet needs (``ray start`` on a real cluster too: docs/cluster.md)."""
+
 CLUSTER_FILE = "ray_cluster.json"
 """What the run started (node ids, raylet pids, temp folder) in its output directory."""
 PLACEMENT_FILE = "placement.json"
@@ -297,9 +306,10 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         s = self.settings
+        _remove_stale_temp_dir(self.out)
         # RAY_TMPDIR: Ray writes its session folders and the "current cluster" address file there,
         # not in the machine-wide /tmp/ray another user's cluster may own.
-        for key, value in (("RAY_TMPDIR", str(self.tmp)), ("RAY_USAGE_STATS_ENABLED", "0")):
+        for key, value in (*NODE_ENV.items(), ("RAY_TMPDIR", str(self.tmp))):
             self._env[key] = os.environ.get(key)
             os.environ[key] = value
         common = {"num_cpus": s.local_cpus_per_node, "object_store_memory": s.local_object_store_mib * 2**20}
@@ -343,6 +353,28 @@ class LocalCluster:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def _remove_stale_temp_dir(out: Path) -> None:
+    """A SIGKILLed run's Ray processes die with it (Ray's reaper), but its session folder stays:
+    the next run on the same output folder removes it, once nothing of the cluster runs there."""
+    try:
+        old = Path(json.loads((out / CLUSTER_FILE).read_text())["temp_dir"])
+    except (OSError, ValueError, KeyError):
+        return
+    if old.name.startswith("fineenvs-ray-") and old.is_dir() and not _processes_under(old):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """Live processes whose command line names ``folder`` (every Ray process of a local cluster)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(folder).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
 def _node_info(node: Any) -> dict[str, Any]:
     raylet = node.all_processes.get("raylet") or []
     return {
@@ -367,13 +399,14 @@ async def ray_attempts(
 
     from fineenvs.harnesses.guard import RUN_MARKER_ENV
 
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     local = None if settings.address else LocalCluster(settings, out)
     try:
         address = local.start() if local else settings.address
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         ray.init(address=address, log_to_driver=False, configure_logging=False)
-        # ray.init installs its own fatal-signal handlers in this process; SIGTERM must keep stopping
-        # the run as Ctrl-C does (fineenvs.lifecycle), so this unwinds and stops the cluster.
+        # Ray's Cluster nodes and ray.init install SIGTERM handlers of their own in this process
+        # (exit at once); SIGTERM must keep stopping the run as Ctrl-C does (fineenvs.lifecycle),
+        # which unwinds this context and stops the cluster here.
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)

@@ -264,3 +264,26 @@ def test_sigterm_of_a_ray_run_leaves_nothing(tmp_path: Path) -> None:
     assert not run_processes(out), "processes of the stopped run are still alive"
     assert not _raylets_of(info["temp_dir"]), "Ray processes of the run's cluster are still alive"
     assert not Path(info["temp_dir"]).exists(), "the run's Ray session folders were left behind"
+
+
+def test_sigkill_of_a_ray_run_leaves_no_process_and_a_rerun_clears_its_folder(tmp_path: Path) -> None:
+    out = tmp_path / "ray-kill"
+    run = _start(out, "trainer.max_steps=50")
+    try:
+        _wait_for_agent(run, out)
+        info = json.loads((out / CLUSTER_FILE).read_text())
+    finally:
+        run.send_signal(signal.SIGKILL)  # the run alone, as the OOM killer would
+        run.wait(timeout=60)
+    # Ray's reaper ends the nodes at once; a worker the raylet was starting as they died notices it
+    # only at its own connection timeout (about 60 s, measured).
+    deadline = time.monotonic() + 90
+    while (run_processes(out) or _raylets_of(info["temp_dir"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _raylets_of(info["temp_dir"]), "Ray processes of the SIGKILLed run's cluster are alive"
+    assert not run_processes(out), "processes of the SIGKILLed run are alive"
+    # Its session folder is left to the next run on the same output folder, which removes it.
+    from fineenvs.rollout.ray_backend import _remove_stale_temp_dir
+
+    _remove_stale_temp_dir(out)
+    assert not Path(info["temp_dir"]).exists()
