@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine|proxy|tree|gpu|trainer|agent-start|replicas} [args]``: benchmarks that print their figures."""
+"""``python -m benchmarks {engine|proxy|tree|gpu|trainer|agent-start|replicas|ray-hop} [args]``: benchmarks that print their figures."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ BENCHES = {
     "trainer": "benchmarks.trainer",
     "agent-start": "benchmarks.agent_start",
     "replicas": "benchmarks.replicas",
+    "ray-hop": "benchmarks.ray_hop",
 }
 
 
