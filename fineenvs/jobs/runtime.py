@@ -92,7 +92,8 @@ class JobRuntime:
             row_options=row_options,
             runner_class=runner_class,
         )
-        runner.settings.remote = self.remote
+        if self.remote is not None:
+            runner.settings.remote = self.remote
         self._stack.push_async_callback(runner.aclose)
         return runner
 
