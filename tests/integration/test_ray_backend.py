@@ -209,7 +209,13 @@ def _wait_for_agent(run: subprocess.Popen[bytes], out: Path) -> int:
 
 def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
     out = tmp_path / "ray-smoke"
-    run = _start(out, "scheduler.ray.local_sandbox_nodes=2", "scheduler.ray.local_sandbox_slots=2")
+    # Two passes over the 4 smoke tasks: groups lost to the dead node still leave two steps' worth.
+    run = _start(
+        out,
+        "scheduler.ray.local_sandbox_nodes=2",
+        "scheduler.ray.local_sandbox_slots=2",
+        "scheduler.passes=2",
+    )
     try:
         agent = _wait_for_agent(run, out)
         info = json.loads((out / CLUSTER_FILE).read_text())
@@ -241,7 +247,11 @@ def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
         assert placement["node_id"] in sandbox_ids and placement["node_id"] != info["head"]["node_id"]
         calls = (sessions[a["attempt_id"]] / "calls.jsonl").read_text().splitlines()
         assert len(calls) == a["model_calls"] >= 1, f"the proxy's records of {a['attempt_id']}"
-        assert a["rows"] >= 1 and "correctness" in a["reward_terms"], a
+        assert "correctness" in a["reward_terms"], a
+    assert sum(a["rows"] for a in graded) >= summary["rows_trained"] > 0
+    # The in-training evaluation's attempts ran on the cluster too (grading in the driver).
+    evaluated = [json.loads(p.read_text())["node_id"] for p in (out / "eval").rglob(PLACEMENT_FILE)]
+    assert evaluated and set(evaluated) <= sandbox_ids, evaluated
     assert not _raylets_of(info["temp_dir"]) and not Path(info["temp_dir"]).exists()
     assert not run_processes(out)
 
