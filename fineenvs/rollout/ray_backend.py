@@ -234,7 +234,8 @@ class RayAttempts:
             raise InfrastructureFailure(
                 f"Ray task of attempt {attempt_dir.name} unfinished after {limit:.0f} s (the attempt's timeout "
                 f"plus scheduler.ray.placement_timeout_seconds): no live node with the "
-                f"'{self.settings.sandbox_resource}' resource took it, or its node hung"
+                f"'{self.settings.sandbox_resource}' resource took it, or its node hung. Fix: start rollout "
+                "nodes with that resource (docs/cluster.md), or raise scheduler.ray.placement_timeout_seconds"
             ) from exc
         except asyncio.CancelledError:
             ray.cancel(ref, force=True)  # the run stops: the attempt's worker (and agent) go too
