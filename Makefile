@@ -6,7 +6,7 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-containers test-vllm test-gpu test-learning check docs house bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-containers test-vllm test-ray test-gpu test-learning check docs house bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-harness real agent CLIs end to end through the proxy"
 	@echo "make test-containers the docker sandbox on a real dockerd (started and stopped here; installs docker.io)"
 	@echo "make test-vllm    real vLLM (CPU build): serving, both weight syncs, parity gate, smoke runs; 0.33's parser"
+	@echo "make test-ray     attempts on a local Ray cluster (scheduler.backend=ray): node death, SIGTERM, smoke run"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
 	@echo "make check        ruff + mypy + the docs build"
@@ -60,6 +61,12 @@ test-vllm: setup
 	$(PY) -m fineenvs.engine install-vllm-client
 	$(PY) -m fineenvs.engine install-router
 	$(PYTEST) -q -m vllm --durations=15
+
+# Ray is an optional extra (pyproject `ray`): installed here, not by setup, so the other tiers
+# run without it.
+test-ray: setup
+	$(PY) -c "import ray" 2>/dev/null || $(VENV)/bin/pip install -q 'ray==2.60.0'
+	RAY_USAGE_STATS_ENABLED=0 $(PYTEST) -q -m ray --durations=15
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu

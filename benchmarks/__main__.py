@@ -15,6 +15,7 @@ BENCHES = {
     "replicas": "benchmarks.replicas",
     "cache-after-push": "benchmarks.cache_after_push",
     "sandbox-start": "benchmarks.sandbox_start",
+    "ray-hop": "benchmarks.ray_hop",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -21,7 +22,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from fineenvs.api_formats import ApiFormat
 from fineenvs.engine.router import RouterOptions
 from fineenvs.harnesses.container import DockerSettings
-from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy
+from fineenvs.proxy.settings import ProxyOptions, ProxySettings, SamplingPolicy, is_loopback
+from fineenvs.rollout.ray_backend import RaySettings, SchedulerBackend
 from fineenvs.train.grpo_config import GRPOSettings
 from fineenvs.train.sft_config import SFTSettings
 from fineenvs.trajectory.rows import RowOptions
@@ -289,6 +291,29 @@ class SchedulerSpec:
     docker a Docker daemon."""
     docker: DockerSettings = field(default_factory=DockerSettings)
     """The container sandbox's settings (``sandbox=docker``): image, memory, pids, cpus."""
+    # --- where attempts run (issue 35, Ray half): fineenvs/rollout/ray_backend.py, docs/cluster.md
+    backend: SchedulerBackend = SchedulerBackend.local
+    """local: attempts run in this process's threads; ray: as Ray tasks on rollout nodes."""
+    ray: RaySettings = field(default_factory=RaySettings)
+    """Used when backend=ray: the cluster's address (null: a local one), resource, proxy address."""
+
+    def backend_problems(self, proxy: ProxyOptions) -> list[str]:
+        """``scheduler.backend`` / ``scheduler.ray.*`` errors (what, why, fix)."""
+        if self.backend is not SchedulerBackend.ray:
+            return []
+        out = self.ray.problems()
+        remote = self.ray.proxy_url
+        if (
+            remote is not None
+            and not is_loopback(urlsplit(remote).hostname or "")
+            and is_loopback(proxy.host)
+        ):
+            out.append(
+                f"scheduler.ray.proxy_url={remote} is not loopback but the proxy binds proxy.host={proxy.host}: "
+                "rollout nodes on other machines could not reach it. Fix: proxy.host=0.0.0.0 (or the head's "
+                "address) with proxy.admin_key set; session keys stay the only credential an agent holds"
+            )
+        return out
 
 
 @dataclass
@@ -468,6 +493,7 @@ def validate(run: RunConfig) -> None:
     problems += _check_tasks(run)
     problems += _check_trainer(run)
     problems += _check_scheduler(run)
+    problems += run.scheduler.backend_problems(run.proxy)
     problems += _check_engine(run)
     problems += _check_replicas(run)
     problems += _check_proxy(run)

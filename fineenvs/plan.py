@@ -3,6 +3,7 @@ machine checks that must pass before anything starts."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -226,6 +227,9 @@ def _kv(obj: Any, indent: str = "    ") -> list[str]:
     assert is_dataclass(obj)
     for f in fields(obj):
         value = getattr(obj, f.name)
+        if is_dataclass(value):  # a nested settings class (scheduler.ray): its own lines
+            lines += [f"{indent}{f.name}:", *_kv(value, indent + "  ")]
+            continue
         shown = value.value if hasattr(value, "value") and not isinstance(value, (int, float, str)) else value
         lines.append(f"{indent}{f.name}: {shown}")
     return lines
@@ -394,6 +398,7 @@ def _rollout_lines(run: RunConfig) -> list[str]:
         pin = f"{adapter.package}@{adapter.version} ({adapter.registry})" if adapter else "(no adapter)"
         out.append(f"    {name}: {pin} format={h.api_format.value} weight={h.weight}{step}")
     out.append(_sandbox_line(run))
+    out.append(f"  attempts: {_attempts_where(run)}")
     t = run.tasks
     extra = [f"subset={t.subset}"] if t.subset else []
     if t.limit:
@@ -427,6 +432,23 @@ def _sandbox_line(run: RunConfig) -> str:
     return (
         f"  sandbox: docker image={image} task images: {tasks}{prebuilt}; memory={d.memory} pids={d.pids} "
         f"cpus={d.cpus} network=none (the proxy through a Unix-socket bridge)"
+    )
+
+
+def _attempts_where(run: RunConfig) -> str:
+    """Where attempts run (``scheduler.backend``)."""
+    if run.scheduler.backend.value == "local":
+        return f"local (threads of this process, sandbox={run.scheduler.sandbox.value})"
+    r = run.scheduler.ray
+    cluster = (
+        f"cluster {r.address}"
+        if r.address
+        else f"a local cluster the run starts (head + {r.local_sandbox_nodes} rollout nodes x "
+        f"{r.local_sandbox_slots} slots, {r.local_object_store_mib} MiB object store each)"
+    )
+    return (
+        f"ray on {cluster}; {r.sandbox_per_attempt:g} '{r.sandbox_resource}' per attempt, "
+        f"sandbox={run.scheduler.sandbox.value}; rollout nodes reach the proxy at {r.proxy_url or 'its own address'}"
     )
 
 
@@ -480,6 +502,11 @@ def preflight(run: RunConfig) -> list[str]:
         problem = daemon_problem()
         if problem:
             problems.append(problem)
+    if run.scheduler.backend.value == "ray" and importlib.util.find_spec("ray") is None:
+        problems.append(
+            "scheduler.backend=ray needs Ray, which is not installed: pip install 'fineenvs[ray]' "
+            "(ray==2.60.0), or scheduler.backend=local."
+        )
     problems += _harness_problems(run)
     problems += _teacher_collection_problems(run)
     problems += _attached_engine_problems(run)

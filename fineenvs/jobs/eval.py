@@ -73,6 +73,7 @@ from fineenvs.trajectory import Row, RowOptions
 from fineenvs.trajectory.record import CallRecord
 
 if TYPE_CHECKING:
+    from fineenvs.rollout.ray_backend import RayAttempts
     from fineenvs.tasks.model import Task
 
 log = logging.getLogger("fineenvs.jobs.eval")
@@ -256,6 +257,7 @@ async def _evaluate_served(
     prior: list[EvalAttempt],
     policy_version: int = 0,
     step: int | None = None,
+    remote: RayAttempts | None = None,
 ) -> list[EvalAttempt]:
     runner = attempt_runner(
         run,
@@ -266,6 +268,8 @@ async def _evaluate_served(
         row_options=RowOptions(),
         runner_class=EvalAttemptRunner,
     )
+    if remote is not None:  # scheduler.backend=ray: the cells' attempts run on the cluster
+        runner.settings.remote = remote
     try:
         return await run_cells(
             runner,
@@ -305,6 +309,7 @@ async def _serve_and_evaluate(
     served: str | None = None,
     policy_version: int = 0,
     step: int | None = None,
+    remote: RayAttempts | None = None,
 ) -> list[EvalAttempt]:
     """Start what is not given (engine on the checkpoint, proxy in front of it), then run the cells."""
     served = served or served_model_name(run)
@@ -321,10 +326,10 @@ async def _serve_and_evaluate(
                     check=False,  # checked once before the first checkpoint
                 )
             )
-            proxy_url, served = rt.proxy_url, rt.engine.served_model_name
+            proxy_url, served, remote = rt.proxy_url, rt.engine.served_model_name, rt.remote
         return await _evaluate_served(
             run, checkpoint=checkpoint, out=out, proxy_url=proxy_url, served=served, tasks=tasks,
-            records=records, prior=prior, policy_version=policy_version, step=step,
+            records=records, prior=prior, policy_version=policy_version, step=step, remote=remote,
         )  # fmt: skip
 
 
@@ -403,6 +408,7 @@ async def aevaluate_checkpoint(
     proxy_url: str | None = None,
     served_model: str | None = None,
     logger: MetricLogger | None = None,
+    remote: RayAttempts | None = None,
 ) -> dict[str, float]:
     """Evaluate the policy of training step ``step`` on the first ``eval.subset_during_training``
     tasks of ``eval.split`` across ``run.harness``; returns (and logs to ``logger`` at ``step``)
@@ -431,6 +437,7 @@ async def aevaluate_checkpoint(
     attempts += await _serve_and_evaluate(
         run, ckpt_run, checkpoint=key, out=out / key, tasks=tasks, records=records, prior=attempts,
         engine_url=engine_url, proxy_url=proxy_url, served=served_model, policy_version=step, step=step,
+        remote=remote,
     )  # fmt: skip
     keys = sorted({a.checkpoint for a in attempts if _step_of(a.checkpoint) >= 0}, key=_step_of)
     results = compute_results(

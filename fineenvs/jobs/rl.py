@@ -585,6 +585,7 @@ class _RLLoop:
             proxy_url=self.runtime.proxy_url,
             served_model=engine.served_model_name,
             logger=self.logger,
+            remote=self.runtime.remote,
         )
 
 

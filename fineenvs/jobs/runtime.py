@@ -27,11 +27,13 @@ from fineenvs.config import RunConfig
 from fineenvs.jobs.builders import attempt_settings, reward_function, start_engine, start_proxy
 from fineenvs.jobs.errors import RunAborted
 from fineenvs.rollout.attempt import ProxyAttemptRunner
+from fineenvs.rollout.ray_backend import SchedulerBackend
 from fineenvs.trajectory import RowOptions
 
 if TYPE_CHECKING:
     from fineenvs.engine.handle import EngineHandle
     from fineenvs.engine.probe import ProbeReport
+    from fineenvs.rollout.ray_backend import RayAttempts
     from fineenvs.tasks.model import Task
 
 
@@ -69,6 +71,8 @@ class JobRuntime:
     probe: ProbeReport | None
     """None when the probe was skipped or failed."""
     _stack: AsyncExitStack
+    remote: RayAttempts | None = None
+    """``scheduler.backend=ray``: the cluster attempts run on."""
 
     def attempt_runner(
         self,
@@ -88,6 +92,8 @@ class JobRuntime:
             row_options=row_options,
             runner_class=runner_class,
         )
+        if self.remote is not None:
+            runner.settings.remote = self.remote
         self._stack.push_async_callback(runner.aclose)
         return runner
 
@@ -160,4 +166,12 @@ async def job_runtime(
                 require_training_grade(report)
         proxy_url = start_proxy(run, engine, out, stack)
         print(f"{prefix}Built proxy on {proxy_url} -> engine {engine.url}", flush=True)
-        yield JobRuntime(run, engine, proxy_url, report, stack)
+        remote = None
+        if run.scheduler.backend is SchedulerBackend.ray:
+            from fineenvs.rollout.ray_backend import ray_attempts
+
+            # Entered after the proxy, so it stops first: no attempt outlives the proxy it talks to.
+            remote = await stack.enter_async_context(
+                ray_attempts(run.scheduler.ray, proxy_url=proxy_url, admin_key=run.proxy.admin_key, out=out)
+            )
+        yield JobRuntime(run, engine, proxy_url, report, stack, remote)

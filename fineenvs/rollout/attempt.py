@@ -30,6 +30,7 @@ from fineenvs.trajectory.rows import Row
 if TYPE_CHECKING:
     from fineenvs.harnesses.container import DockerSettings
     from fineenvs.harnesses.sandbox import AttemptResult
+    from fineenvs.rollout.ray_backend import RayAttempts
     from fineenvs.tasks.grader import Grade
     from fineenvs.tasks.model import Task
 
@@ -48,6 +49,8 @@ class AttemptSettings:
     use_bwrap: bool = False
     docker: DockerSettings | None = None
     """Set: every attempt in a container (``scheduler.sandbox=docker``)."""
+    remote: RayAttempts | None = None
+    """``scheduler.backend=ray``: attempts run on the cluster's rollout nodes; None: in this process."""
 
 
 class ProxyAttemptRunner:
@@ -140,9 +143,7 @@ class ProxyAttemptRunner:
             rollout.update(fut.result(timeout=60).json())
             return proxy_stats_from_rollout(rollout)
 
-        result = await asyncio.to_thread(
-            run_attempt,
-            get_harness(group.harness),
+        kwargs: dict[str, Any] = dict(
             task_prompt=task.instruction,
             input_files=task.input_files,
             attempt_dir=attempt_dir,
@@ -156,8 +157,13 @@ class ProxyAttemptRunner:
             docker=s.docker,
             task_id=task.task_id,
             environment=task.environment,
-            proxy_stats=proxy_stats,
         )
+        if s.remote is not None:
+            result, rollout = await s.remote.run(group.harness, kwargs, rollout_url)
+        else:
+            result = await asyncio.to_thread(
+                run_attempt, get_harness(group.harness), **kwargs, proxy_stats=proxy_stats
+            )
         if not rollout:
             rollout = (await self.client.get(rollout_url)).json()
         return result, rollout

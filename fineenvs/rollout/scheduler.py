@@ -24,6 +24,11 @@ from fineenvs.rollout.schedule import PlannedGroup
 from fineenvs.trajectory.rows import Row
 
 
+class InfrastructureFailure(RuntimeError):
+    """The attempt was lost to the machinery that runs it (a dead rollout node, a task no node
+    took), not to the agent: ungraded, ``exit_reason=infra_failure``, never a 0 reward."""
+
+
 @dataclass
 class AttemptOutcome:
     attempt_id: str
@@ -57,7 +62,7 @@ class AttemptOutcome:
             harness=group.harness,
             policy_version=policy_version,
             reward=None,
-            exit_reason="crashed",
+            exit_reason="infra_failure" if isinstance(err, InfrastructureFailure) else "crashed",
             error=f"{type(err).__name__}: {err}",
         )
 
