@@ -66,7 +66,8 @@ test-vllm: setup
 # run without it.
 test-ray: setup
 	$(PY) -c "import ray" 2>/dev/null || $(VENV)/bin/pip install -q 'ray==2.60.0'
-	RAY_USAGE_STATS_ENABLED=0 $(PYTEST) -q -m ray --durations=15
+	scripts/dockerd.sh start
+	RAY_USAGE_STATS_ENABLED=0 $(PYTEST) -q -m ray --durations=15; status=$$?; scripts/dockerd.sh stop; exit $$status
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu

@@ -84,7 +84,7 @@ class RaySettings:
     sandbox_resource: str = "sandbox"
     """Custom resource that rollout nodes advertise (``ray start --resources='{"sandbox": N}'``)."""
     sandbox_per_attempt: float = 1.0
-    """Amount of it one attempt holds: a node with N runs N / this attempts at once."""
+    """Amount of it one attempt holds: a node advertising N of the resource holds N / this attempts at once."""
     placement_timeout_seconds: float = 120.0
     """Beyond the attempt's own timeout: how long a task may wait for a node and a worker before
     it counts as an infrastructure failure (no node with the resource alive never hangs a run)."""

@@ -297,3 +297,69 @@ def test_sigkill_of_a_ray_run_leaves_no_process_and_a_rerun_clears_its_folder(tm
 
     _remove_stale_temp_dir(out)
     assert not Path(info["temp_dir"]).exists()
+
+
+def _marked_under(out: Path, raylets: set[int]) -> int | None:
+    """A process of the run's attempts (it carries an attempt marker) started by one of ``raylets``:
+    with the docker sandbox, the ``docker run`` client or the guard (the agent itself runs under
+    the container runtime, not under Ray)."""
+    for pid in _agents(out):
+        hit = _ancestors(pid) & raylets
+        if hit:
+            return hit.pop()
+    return None
+
+
+def test_smoke_run_on_ray_in_containers_survives_a_dead_rollout_node(tmp_path: Path) -> None:
+    """``scheduler.backend=ray scheduler.sandbox=docker``: each attempt a Ray task on a rollout node
+    that runs the agent in a container; one rollout node is killed while its attempts' containers
+    run. The run finishes its two steps; the lost attempts are infrastructure failures; every graded
+    attempt ran on a rollout node, in a container; no container, Ray or run process is left."""
+    from fineenvs.harnesses import container as ct
+
+    problem = ct.daemon_problem()
+    assert problem is None, f"this test needs a Docker daemon (make test-ray starts one): {problem}"
+    out = tmp_path / "ray-docker"
+    rid = ct.run_id(str(out))
+    run = _start(
+        out,
+        "scheduler.sandbox=docker",
+        "scheduler.ray.local_sandbox_nodes=2",
+        "scheduler.ray.local_sandbox_slots=2",
+        "scheduler.passes=2",
+    )
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert run.poll() is None, "the run ended before a container started: " + _log(out)
+            assert time.monotonic() < deadline, (
+                "no attempt in a container on a rollout node within 15 minutes"
+            )
+            if (out / CLUSTER_FILE).is_file() and ct.run_containers(rid):
+                info = json.loads((out / CLUSTER_FILE).read_text())
+                raylets = {n["raylet_pid"] for n in info["sandbox_nodes"]}
+                victim = _marked_under(out, raylets)
+                if victim is not None:
+                    break
+            time.sleep(0.2)
+        os.kill(victim, signal.SIGKILL)
+        assert run.wait(timeout=1500) == 0, _log(out)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["rows_trained"] > 0, summary
+    attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    lost = [a for a in attempts if a["exit_reason"] == "infra_failure"]
+    assert lost and all(a["reward"] is None for a in lost), attempts
+    graded = [a for a in attempts if a["reward"] is not None]
+    assert graded and {a["harness"] for a in attempts} == set(HARNESSES), attempts
+    sandbox_ids = {n["node_id"] for n in info["sandbox_nodes"]}
+    for a in graded:
+        folder = next((out / "attempts").rglob(f"{a['attempt_id']}/{PLACEMENT_FILE}")).parent
+        assert json.loads((folder / PLACEMENT_FILE).read_text())["node_id"] in sandbox_ids
+        record = json.loads((folder / "attempt.json").read_text())
+        assert record["container"] and record["argv"][1] == "run", record["argv"][:3]
+    # The guards of the dead node's attempts removed their containers; the run removed the rest.
+    assert ct.run_containers(rid) == []
+    assert not _raylets_of(info["temp_dir"]) and not run_processes(out)
