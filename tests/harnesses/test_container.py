@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,7 @@ import pytest
 
 from fineenvs.harnesses import container as ct
 from fineenvs.harnesses.container import DockerSettings
-from fineenvs.harnesses.sandbox import run_attempt
-from tests.harnesses.test_sandbox import ScriptHarness
+from tests.harnesses.test_sandbox import HelloHandler, run_script
 
 pytestmark = [
     pytest.mark.containers,
@@ -36,37 +35,15 @@ pytestmark = [
 PYTHON = f"{Path(sys.base_prefix).resolve()}/bin/python3"  # mounted in every container
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = b"hello-from-proxy"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def _proxy() -> tuple[HTTPServer, int]:
-    server = HTTPServer(("127.0.0.1", 0), _Hello)
+    server = HTTPServer(("127.0.0.1", 0), HelloHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]
 
 
 def _run(tmp_path: Path, script: str, settings: DockerSettings | None = None, **kw: Any) -> Any:
-    params: dict[str, Any] = {
-        "task_prompt": "do it",
-        "input_files": {},
-        "attempt_dir": tmp_path / "attempt",
-        "base_url": "http://127.0.0.1:9/s/k",
-        "session_key": "k-session",
-        "model": "m",
-        "timeout_seconds": 60,
-        "docker": settings or DockerSettings(memory="512m", pids=128, cpus=1.0),
-    }
-    params.update(kw)
-    return run_attempt(ScriptHarness(script), **params)
+    docker = settings or DockerSettings(memory="512m", pids=128, cpus=1.0)
+    return run_script(tmp_path, script, **{"timeout_seconds": 60, "docker": docker, **kw})
 
 
 def _host_address() -> str:

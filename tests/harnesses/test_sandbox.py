@@ -62,7 +62,8 @@ class ScriptHarness(Harness):
         )
 
 
-def _run(tmp_path: Path, script: str, **kw: Any) -> Any:
+def run_script(tmp_path: Path, script: str, **kw: Any) -> Any:
+    """``script`` as an attempt's agent through ``run_attempt`` (keywords override the defaults)."""
     params: dict[str, Any] = {
         "task_prompt": "do it",
         "input_files": {},
@@ -83,7 +84,7 @@ def test_env_from_scratch_inputs_copied_and_outputs_kept(
     monkeypatch.setenv("HF_TOKEN", "hf_LEAK")
     data = tmp_path / "data.csv"
     data.write_text("a,b\n1,2\n")
-    result = _run(
+    result = run_script(
         tmp_path,
         'env > "$HOME/env.txt"; cat data/data.csv; pwd; echo 42 > answer.txt; echo done >&2',
         input_files={"data/data.csv": data},
@@ -121,7 +122,7 @@ def test_workdir_is_kept_when_the_move_has_to_copy_and_meets_a_fifo(
         raise OSError(18, "Invalid cross-device link")
 
     monkeypatch.setattr(sandbox.shutil, "move", cross_device)
-    result = _run(
+    result = run_script(
         tmp_path, "mkfifo pipe; echo 7 > answer.txt; mkdir -p out; echo x > out/log.txt; pwd > out/cwd.txt"
     )
     work = tmp_path / "attempt" / "work"
@@ -139,7 +140,7 @@ def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
     sleeps = [f"{n}.{tag:06d}" for n in (300, 301, 302)]
     script = f"sleep {sleeps[0]} & setsid sleep {sleeps[1]} & echo started; sleep {sleeps[2]}"
     started = time.monotonic()
-    result = _run(tmp_path, script, timeout_seconds=1.5)
+    result = run_script(tmp_path, script, timeout_seconds=1.5)
     elapsed = time.monotonic() - started
     assert result.exit_reason == "timeout"
     assert result.leftover_pids == []
@@ -157,7 +158,7 @@ def test_timeout_kills_whole_group_and_escaped_children(tmp_path: Path) -> None:
 def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
     tag = uuid.uuid4().int % 10**6
     sleeps = [f"{n}.{tag:06d}" for n in (303, 304)]
-    result = _run(tmp_path, f"setsid sleep {sleeps[0]} & sleep {sleeps[1]} & echo ok")
+    result = run_script(tmp_path, f"setsid sleep {sleeps[0]} & sleep {sleeps[1]} & echo ok")
     assert result.exit_reason == "finished"
     assert result.leftover_pids == []
     time.sleep(0.1)
@@ -171,9 +172,9 @@ def test_background_children_killed_after_clean_exit(tmp_path: Path) -> None:
 
 
 def test_crash_wiring_failure_and_budget_classification(tmp_path: Path) -> None:
-    crashed = _run(tmp_path, "exit 3", proxy_stats=lambda: ProxyStats(model_calls=1, tool_calls=0))
+    crashed = run_script(tmp_path, "exit 3", proxy_stats=lambda: ProxyStats(model_calls=1, tool_calls=0))
     assert crashed.exit_reason == "crashed" and crashed.returncode == 3
-    no_calls = _run(tmp_path, "exit 0", proxy_stats=lambda: ProxyStats(model_calls=0, tool_calls=0))
+    no_calls = run_script(tmp_path, "exit 0", proxy_stats=lambda: ProxyStats(model_calls=0, tool_calls=0))
     assert no_calls.exit_reason == "wiring_failure"
     assert no_calls.tool_calls_disagree  # proxy 0 vs the script's own log of 3
 
@@ -193,7 +194,7 @@ def test_input_path_escape_is_rejected(tmp_path: Path) -> None:
     src = tmp_path / "x.txt"
     src.write_text("x")
     with pytest.raises(ValueError, match="escapes the working directory"):
-        _run(tmp_path, "true", input_files={"../x.txt": src})
+        run_script(tmp_path, "true", input_files={"../x.txt": src})
 
 
 def test_proxy_stats_count_recorded_tool_calls() -> None:
@@ -210,7 +211,9 @@ def test_proxy_stats_count_recorded_tool_calls() -> None:
     assert count_tool_calls([{"completion": {"choices": [{"message": {"tool_calls": [{}]}}]}}]) == 1
 
 
-class _Hello(BaseHTTPRequestHandler):
+class HelloHandler(BaseHTTPRequestHandler):
+    """A server the sandbox tests try to reach: it answers every GET with ``hello-from-proxy``."""
+
     def do_GET(self) -> None:  # noqa: N802
         body = b"hello-from-proxy"
         self.send_response(200)
@@ -224,7 +227,7 @@ class _Hello(BaseHTTPRequestHandler):
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
 def test_bwrap_readonly_root_writable_workdir_loopback_only_to_proxy(tmp_path: Path) -> None:
-    server = HTTPServer(("127.0.0.1", 0), _Hello)
+    server = HTTPServer(("127.0.0.1", 0), HelloHandler)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     other = socket.socket()
@@ -243,7 +246,7 @@ def test_bwrap_readonly_root_writable_workdir_loopback_only_to_proxy(tmp_path: P
         "2>/dev/null && echo other-reachable || echo other-blocked"
     )
     try:
-        result = _run(tmp_path, script, base_url=f"http://127.0.0.1:{port}/s/k", use_bwrap=True)
+        result = run_script(tmp_path, script, base_url=f"http://127.0.0.1:{port}/s/k", use_bwrap=True)
     finally:
         server.shutdown()
         other.close()
@@ -262,7 +265,7 @@ def test_bwrap_reaches_the_proxy_from_an_attempt_folder_deeper_than_a_unix_socke
 ) -> None:
     # Evaluation attempts live deep in the output directory (.../eval/<checkpoint>/attempts/<id>);
     # a Unix socket path must fit in 108 bytes, so the bridge's socket cannot live there.
-    server = HTTPServer(("127.0.0.1", 0), _Hello)
+    server = HTTPServer(("127.0.0.1", 0), HelloHandler)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "attempts" / "t00002-pi"
@@ -272,7 +275,7 @@ def test_bwrap_reaches_the_proxy_from_an_attempt_folder_deeper_than_a_unix_socke
         "echo 5 > answer.txt"
     )
     try:
-        result = _run(
+        result = run_script(
             tmp_path, script, attempt_dir=deep, base_url=f"http://127.0.0.1:{port}/s/k", use_bwrap=True
         )
     finally:
@@ -289,7 +292,7 @@ def test_proxy_stats_failure_is_reported_not_raised(tmp_path: Path) -> None:
     def broken() -> ProxyStats:
         raise ConnectionError("proxy gone")
 
-    result = _run(tmp_path, "echo 42 > answer.txt", proxy_stats=broken)
+    result = run_script(tmp_path, "echo 42 > answer.txt", proxy_stats=broken)
     assert result.exit_reason == "finished" and result.answer == "42"
     assert result.proxy_model_calls is None
     assert "proxy stats unavailable: ConnectionError: proxy gone" in result.detail
@@ -322,7 +325,7 @@ def test_bwrap_attempts_see_the_same_fixed_home_and_workdir(tmp_path: Path) -> N
     )
     seen = []
     for name in ("a", "b"):
-        result = _run(tmp_path, script, attempt_dir=tmp_path / name, use_bwrap=True)
+        result = run_script(tmp_path, script, attempt_dir=tmp_path / name, use_bwrap=True)
         assert result.exit_reason == "finished", (tmp_path / name / "stderr.txt").read_text()
         assert result.answer == "7"
         seen.append((tmp_path / name / "stdout.txt").read_text().splitlines())

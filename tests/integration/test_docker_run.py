@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from fineenvs.harnesses import check_installed
 from fineenvs.harnesses import container as ct
 from fineenvs.lifecycle import run_processes
 from fineenvs.paths import REPO_ROOT
+from tests.integration.runs import smoke_command
 
 HARNESSES = ["mini_swe_agent", "opencode"]
 
@@ -27,19 +27,6 @@ pytestmark = [
     # is a failure there (make test-containers).
     pytest.mark.usefixtures("docker_daemon"),
 ]
-
-
-def _cmd(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fineenvs.run",
-        "+experiment=smoke",
-        "scheduler.sandbox=docker",
-        f"harness=[{','.join(HARNESSES)}]",
-        f"hydra.run.dir={out}",
-        *extra,
-    ]
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +43,14 @@ def test_smoke_run_in_containers_with_two_harnesses(tmp_path: Path) -> None:
     foreign = _sleeper(ct.run_id(str(tmp_path / "another-run")))
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     try:
-        res = subprocess.run(_cmd(out), capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=1200)
+        res = subprocess.run(
+            smoke_command(out, HARNESSES, "scheduler.sandbox=docker"),
+            capture_output=True,
+            text=True,
+            cwd=REPO_ROOT,
+            env=env,
+            timeout=1200,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert f"removed 1 container(s) an earlier run on {out} left behind" in res.stdout
         alive = subprocess.run(["docker", "ps", "-q", "--no-trunc"], capture_output=True, text=True).stdout
@@ -98,7 +92,11 @@ def test_stopped_or_killed_docker_run_leaves_no_container_and_no_process(
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     log = (tmp_path / "term.log").open("wb")
     run = subprocess.Popen(
-        _cmd(out, "trainer.max_steps=50"), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        smoke_command(out, HARNESSES, "scheduler.sandbox=docker", "trainer.max_steps=50"),
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 600

@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 
 from fineenvs.harnesses import check_installed
-from fineenvs.harnesses.sandbox import MARKER_ENV
 from fineenvs.lifecycle import run_processes
 from fineenvs.paths import REPO_ROOT
 from fineenvs.rollout.ray_backend import CLUSTER_FILE, PLACEMENT_FILE, RayAttempts, RaySettings, ray_attempts
 from fineenvs.rollout.scheduler import InfrastructureFailure
+from tests.integration.runs import attempt_processes, smoke_command
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray", reason="make test-ray installs ray==2.60.0")
@@ -147,42 +147,24 @@ def test_attempt_lands_on_the_rollout_node_and_agent_errors_stay_crashes(
 # --------------------------------------------------------------------------- real runs
 
 
-def _cmd(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fineenvs.run",
-        "+experiment=smoke",
-        "scheduler.backend=ray",
-        f"harness=[{','.join(HARNESSES)}]",
-        f"hydra.run.dir={out}",
-        *extra,
-    ]
-
-
 def _start(out: Path, *extra: str) -> subprocess.Popen[bytes]:
     problems = check_installed(HARNESSES)
     assert not problems, "; ".join(problems)
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
     log = (out.parent / f"{out.name}.log").open("wb")
-    return subprocess.Popen(_cmd(out, *extra), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        smoke_command(out, HARNESSES, "scheduler.backend=ray", *extra),
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _log(out: Path) -> str:
     path = out.parent / f"{out.name}.log"
     return path.read_text(errors="replace")[-4000:] if path.is_file() else ""
-
-
-def _agents(out: Path) -> list[int]:
-    found = []
-    for pid in run_processes(out):
-        try:
-            if f"{MARKER_ENV}=".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
 
 
 def _ancestors(pid: int) -> set[int]:
@@ -199,12 +181,25 @@ def _ancestors(pid: int) -> set[int]:
 def _wait_for_agent(run: subprocess.Popen[bytes], out: Path) -> int:
     deadline = time.monotonic() + 600
     while True:
-        agents = _agents(out)
+        agents = attempt_processes(out)
         if agents:
             return agents[0]
         assert run.poll() is None, "the run ended before an agent started: " + _log(out)
         assert time.monotonic() < deadline, "no agent started within 10 minutes"
         time.sleep(0.2)
+
+
+def _finished_despite_a_lost_node(out: Path) -> tuple[dict, list[dict], list[dict]]:
+    """The run's summary, attempts and the attempts lost with the node: two steps trained, both
+    harnesses ran, and the lost attempts are infrastructure failures without a reward (never 0)."""
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["rows_trained"] > 0, summary
+    attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
+    lost = [a for a in attempts if a["exit_reason"] == "infra_failure"]
+    assert lost, "the attempt on the killed node was not counted as an infrastructure failure"
+    assert all(a["reward"] is None for a in lost), lost
+    assert {a["harness"] for a in attempts} == set(HARNESSES), attempts
+    return summary, attempts, lost
 
 
 def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
@@ -226,14 +221,8 @@ def test_smoke_run_on_ray_survives_a_dead_rollout_node(tmp_path: Path) -> None:
     finally:
         if run.poll() is None:
             run.kill()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["rows_trained"] > 0, summary
-    attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
-    lost = [a for a in attempts if a["exit_reason"] == "infra_failure"]
-    assert lost, "the attempt on the killed node was not counted as an infrastructure failure"
-    assert all(a["reward"] is None for a in lost), lost
+    summary, attempts, lost = _finished_despite_a_lost_node(out)
     assert any("NodeDiedError" in a["error"] or "WorkerCrashedError" in a["error"] for a in lost), lost
-    assert {a["harness"] for a in attempts} == set(HARNESSES)
     sandbox_ids = {n["node_id"] for n in info["sandbox_nodes"]}
     sessions = {}  # attempt id -> the proxy's session folder (meta.json + calls.jsonl)
     for meta in (out / "records" / "sessions").glob("*/meta.json"):
@@ -303,7 +292,7 @@ def _marked_under(out: Path, raylets: set[int]) -> int | None:
     """A process of the run's attempts (it carries an attempt marker) started by one of ``raylets``:
     with the docker sandbox, the ``docker run`` client or the guard (the agent itself runs under
     the container runtime, not under Ray)."""
-    for pid in _agents(out):
+    for pid in attempt_processes(out):
         hit = _ancestors(pid) & raylets
         if hit:
             return hit.pop()
@@ -347,13 +336,9 @@ def test_smoke_run_on_ray_in_containers_survives_a_dead_rollout_node(tmp_path: P
     finally:
         if run.poll() is None:
             run.kill()
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["rows_trained"] > 0, summary
-    attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
-    lost = [a for a in attempts if a["exit_reason"] == "infra_failure"]
-    assert lost and all(a["reward"] is None for a in lost), attempts
+    _, attempts, _ = _finished_despite_a_lost_node(out)
     graded = [a for a in attempts if a["reward"] is not None]
-    assert graded and {a["harness"] for a in attempts} == set(HARNESSES), attempts
+    assert graded, attempts
     sandbox_ids = {n["node_id"] for n in info["sandbox_nodes"]}
     for a in graded:
         folder = next((out / "attempts").rglob(f"{a['attempt_id']}/{PLACEMENT_FILE}")).parent

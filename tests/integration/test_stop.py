@@ -13,16 +13,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from fineenvs.harnesses import check_installed
-from fineenvs.harnesses.sandbox import MARKER_ENV
 from fineenvs.lifecycle import run_processes
 from fineenvs.paths import REPO_ROOT
+from tests.integration.runs import attempt_processes, smoke_command
 
 pytestmark = pytest.mark.slow
 
@@ -30,37 +29,19 @@ pytestmark = pytest.mark.slow
 def _start(out: Path) -> subprocess.Popen[bytes]:
     problems = check_installed(["mini_swe_agent"])
     assert not problems, "; ".join(problems)
-    cmd = [
-        sys.executable,
-        "-m",
-        "fineenvs.run",
-        "+experiment=smoke",
-        f"hydra.run.dir={out}",
-        "trainer.max_steps=50",
-    ]
+    cmd = smoke_command(out, ["mini_swe_agent"], "trainer.max_steps=50")
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
     log = (out.parent / f"{out.name}.log").open("wb")
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _agents(out: Path) -> list[int]:
-    found = []
-    for pid in run_processes(out):
-        try:
-            if f"{MARKER_ENV}=".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 def _wait_for_agents(run: subprocess.Popen[bytes], out: Path) -> None:
     deadline = time.monotonic() + 600
-    while len(_agents(out)) < 2:  # a guard and its agent at least
+    while len(attempt_processes(out)) < 2:  # a guard and its agent at least
         assert run.poll() is None, "the run ended before an agent started: " + _log(out)
         assert time.monotonic() < deadline, "no agent started within 10 minutes"
         time.sleep(0.2)
-    engine_and_proxy = [p for p in run_processes(out) if p not in _agents(out)]
+    engine_and_proxy = [p for p in run_processes(out) if p not in attempt_processes(out)]
     assert len(engine_and_proxy) >= 2, "the engine and the proxy carry the run's mark too"
 
 
@@ -98,7 +79,7 @@ def test_sigkill_leaves_nothing_behind(tmp_path: Path) -> None:
     run = _start(out)
     try:
         _wait_for_agents(run, out)
-        agents = _agents(out)
+        agents = attempt_processes(out)
     finally:
         run.send_signal(signal.SIGKILL)  # the run alone, as the OOM killer would
         run.wait(timeout=60)
