@@ -303,6 +303,14 @@ class SchedulerSpec:
             return []
         out = self.ray.problems()
         remote = self.ray.proxy_url
+        sandbox = self.sandbox.value
+        if remote is not None and not is_loopback(urlsplit(remote).hostname or "") and sandbox != "plain":
+            out.append(
+                f"scheduler.sandbox={sandbox} with scheduler.ray.proxy_url={remote}: the {sandbox} sandbox reaches "
+                "the proxy through a bridge that dials loopback only, so attempts on other machines could not "
+                "reach a proxy there (each would end as a wiring failure). Fix: a cluster on the proxy's machine "
+                "(scheduler.ray.proxy_url on loopback, or null), or scheduler.sandbox=plain on remote rollout nodes"
+            )
         if (
             remote is not None
             and not is_loopback(urlsplit(remote).hostname or "")

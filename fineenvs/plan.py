@@ -497,11 +497,9 @@ def preflight(run: RunConfig) -> list[str]:
             "(or scheduler.sandbox=plain)."
         )
     if run.scheduler.sandbox.value == "docker":
-        from fineenvs.harnesses.container import daemon_problem
+        from fineenvs.harnesses.container import daemon_problem, runtime_problem
 
-        problem = daemon_problem()
-        if problem:
-            problems.append(problem)
+        problems += [p for p in (daemon_problem(), runtime_problem(run.scheduler.docker)) if p]
     if run.scheduler.backend.value == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(
             "scheduler.backend=ray needs Ray, which is not installed: pip install 'fineenvs[ray]' "

@@ -98,7 +98,12 @@ def hydra_main(cfg: DictConfig) -> float | None:
         raise SystemExit(128 + signum) from None
     finally:
         if containers:  # what a guard could not remove (the daemon was slow): the run's label finds it
-            remove_run_containers(out)
+            try:
+                remove_run_containers(out)
+            except Exception as exc:  # noqa: BLE001 - the run's own exit (or error) comes first
+                print(
+                    f"could not remove the run's containers ({exc}); the next run on {out} will", flush=True
+                )
 
 
 def main() -> None:

@@ -226,6 +226,27 @@ def _runtime_elves() -> list[Path]:
     return found
 
 
+SYSTEM_FOLDERS = frozenset(Path(p) for p in ("/", "/usr", "/usr/local"))
+"""Where a mounted Python installation would hide the task image's own files."""
+
+
+def runtime_problem(settings: DockerSettings) -> str | None:
+    """Why task images cannot keep their own files here: the agents' Python installation, mounted
+    into every container at its host path, is a system folder (a Debian system Python is ``/usr``)."""
+    if not (settings.build_task_images or settings.task_images):
+        return None
+    shared = [str(p) for p in python_prefixes() if p in SYSTEM_FOLDERS]
+    if not shared:
+        return None
+    return (
+        f"scheduler.sandbox=docker mounts the agents' Python installation ({', '.join(shared)}) read-only at "
+        "its host path in every container, which would hide the task image's own files there: task "
+        "environments would silently run on this machine's. Fix: install the agents with a Python outside "
+        "the system folders (pyenv, or `uv python install`), or run every attempt in the default image "
+        "(scheduler.docker.build_task_images=false and no scheduler.docker.task_images)."
+    )
+
+
 def python_prefixes() -> list[Path]:
     """The Python installations the agents' venvs (and the bridge) run on: this interpreter's base
     and every ``home`` a venv in the harness cache names."""

@@ -307,6 +307,9 @@ def _docker_wrap(
     )
     # Only the client reads these; the container gets the names listed with -e above.
     client = {k: os.environ[k] for k in ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT") if k in os.environ}
+    # The client runs with the agent's HOME (/tmp/home, a host path any local user can create):
+    # its config, which can name another daemon, comes from the user running fineenvs instead.
+    client.setdefault("DOCKER_CONFIG", str(Path.home() / ".docker"))
     return wrapped, {**env, **client, CONTAINER_ENV: name}, bridge, name
 
 

@@ -61,6 +61,11 @@ NODE_ENV = {
 }
 """Environment every rollout node's raylet needs (``ray start`` on a real cluster too: docs/cluster.md)."""
 
+LOOPBACK = "127.0.0.1"
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""What keeps a local cluster on loopback: Ray resolves a node's address to the machine's
+interface address unless this (its switch for single-machine clusters on Windows and macOS) is off."""
+
 CLUSTER_FILE = "ray_cluster.json"
 """What the run started (node ids, raylet pids, temp folder) in its output directory."""
 PLACEMENT_FILE = "placement.json"
@@ -301,6 +306,7 @@ class LocalCluster:
         self.out = out
         self.tmp = Path(tempfile.mkdtemp(prefix="fineenvs-ray-"))
         self._env: dict[str, str | None] = {}
+        self._enable_cluster: bool | None = None
         self.cluster: Any = None
 
     def start(self) -> str:
@@ -309,11 +315,23 @@ class LocalCluster:
         s = self.settings
         _remove_stale_temp_dir(self.out)
         # RAY_TMPDIR: Ray writes its session folders and the "current cluster" address file there,
-        # not in the machine-wide /tmp/ray another user's cluster may own.
-        for key, value in (*NODE_ENV.items(), ("RAY_TMPDIR", str(self.tmp))):
+        # not in the machine-wide /tmp/ray another user's cluster may own. LOOPBACK_ENV: without it
+        # Ray turns 127.0.0.1 into the machine's interface address and binds every node there, and
+        # a cluster started this way runs without token authentication: anyone on the network
+        # could submit work to it.
+        for key, value in (*NODE_ENV.items(), *LOOPBACK_ENV.items(), ("RAY_TMPDIR", str(self.tmp))):
             self._env[key] = os.environ.get(key)
             os.environ[key] = value
-        common = {"num_cpus": s.local_cpus_per_node, "object_store_memory": s.local_object_store_mib * 2**20}
+        # Ray read that switch when this process imported it; its workers read it from the env.
+        from ray._private import ray_constants
+
+        self._enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        common = {
+            "num_cpus": s.local_cpus_per_node,
+            "object_store_memory": s.local_object_store_mib * 2**20,
+            "node_ip_address": LOOPBACK,
+        }
         started = time.monotonic()
         self.cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False})
         nodes = [
@@ -346,6 +364,10 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self.cluster.shutdown()
             self.cluster = None
+        if self._enable_cluster is not None:
+            from ray._private import ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = self._enable_cluster
         for key, value in self._env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -404,7 +426,12 @@ async def ray_attempts(
     local = None if settings.address else LocalCluster(settings, out)
     try:
         address = local.start() if local else settings.address
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            configure_logging=False,
+            _node_ip_address=LOOPBACK if local else None,  # None: Ray's own choice, as for ray.init()
+        )
         # Ray's Cluster nodes and ray.init install SIGTERM handlers of their own in this process
         # (exit at once); SIGTERM must keep stopping the run as Ctrl-C does (fineenvs.lifecycle),
         # which unwinds this context and stops the cluster here.

@@ -52,6 +52,16 @@ def test_preflight_names_a_missing_daemon_and_the_fix(monkeypatch: pytest.Monkey
     assert "dockerd" in problems[0] or "apt-get install docker.io" in problems[0]
 
 
+def test_a_system_python_would_hide_task_images_and_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ct, "python_prefixes", lambda: [Path("/usr")])  # a Debian system Python
+    problem = ct.runtime_problem(DockerSettings())
+    assert problem is not None and "(/usr)" in problem and "build_task_images=false" in problem
+    # Every attempt in the default image (built from this machine's files): nothing to hide.
+    assert ct.runtime_problem(DockerSettings(build_task_images=False)) is None
+    monkeypatch.setattr(ct, "python_prefixes", lambda: [Path("/root/.pyenv/versions/3.11.7")])
+    assert ct.runtime_problem(DockerSettings()) is None
+
+
 def test_docker_run_line_isolates_the_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FINEENVS_RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(ct, "docker_binary", lambda: "/usr/bin/docker")

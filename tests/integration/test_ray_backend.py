@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,26 @@ def _run(attempts: RayAttempts, tmp_path: Path, seconds: float, fail: bool = Fal
         "fail": fail,
     }
     return attempts.run("mini_swe_agent", kwargs, "/sessions/x/rollout")
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """Local addresses (host:port) the processes ``pids`` listen on over TCP (``ss``)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        owners = {int(m) for m in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            found.append(line.split()[3])
+    return found
+
+
+def test_the_local_cluster_listens_on_loopback_only(cluster: tuple[RayAttempts, dict]) -> None:
+    """Started by the run, the cluster has no token authentication: no other host may reach it."""
+    _, info = cluster
+    addresses = _listening(set(_raylets_of(info["temp_dir"])))
+    assert len(addresses) >= 3, addresses  # the GCS and both raylets at least
+    hosts = {a.rsplit(":", 1)[0] for a in addresses}
+    assert hosts <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, addresses
 
 
 def test_node_death_is_an_infrastructure_failure(cluster: tuple[RayAttempts, dict], tmp_path: Path) -> None:

@@ -36,6 +36,25 @@ def test_a_remote_proxy_address_needs_a_reachable_bind() -> None:
     assert "proxy.host=0.0.0.0" in problem and "admin_key" in problem
 
 
+def test_a_sandbox_bridge_cannot_reach_a_remote_proxy() -> None:
+    for sandbox in ("bwrap", "docker"):
+        problems = _problems(
+            "scheduler.backend=ray",
+            f"scheduler.sandbox={sandbox}",
+            "scheduler.ray.proxy_url=http://10.0.0.5:8100",
+            "proxy.host=0.0.0.0",
+            "proxy.admin_key=k",
+        )
+        assert (
+            len(problems) == 1 and f"scheduler.sandbox={sandbox} with scheduler.ray.proxy_url" in problems[0]
+        )
+        assert "loopback only" in problems[0] and "Fix:" in problems[0]
+    load(
+        "+experiment=smoke", "output_dir=/tmp/fineenvs-x", "scheduler.backend=ray", "scheduler.sandbox=docker",
+        "scheduler.ray.proxy_url=http://127.0.0.1:8100",
+    )  # fmt: skip
+
+
 def test_ray_settings_ignored_with_the_local_backend() -> None:
     run = load("+experiment=smoke", "output_dir=/tmp/fineenvs-x", "scheduler.ray.local_sandbox_nodes=0")
     assert run.scheduler.backend.value == "local"
