@@ -286,6 +286,10 @@ class SchedulerSpec:
     passes: int = 2
     seed: int = 0
     max_consecutive_empty_groups: int = 3
+    infra_retries: int = 2
+    """RL: an attempt lost to the infrastructure (its rollout node died, no node took it) runs again
+    under a fresh attempt id, up to this many times; the lost one is recorded (``attempts.jsonl``,
+    ``exit_reason=infra_failure``), never graded. 0: the group goes on with one graded attempt fewer."""
     sandbox: SandboxKind = SandboxKind.plain
     """Per-attempt isolation (docs/concepts/isolation.md); bwrap needs the bubblewrap package,
     docker a Docker daemon."""
@@ -657,6 +661,11 @@ def _check_scheduler(run: RunConfig) -> list[str]:
         out.append("scheduler.max_staleness must be >= 0. Fix: scheduler.max_staleness=4")
     if s.passes < 1:
         out.append("scheduler.passes must be >= 1. Fix: scheduler.passes=2")
+    if s.infra_retries < 0:
+        out.append(
+            f"scheduler.infra_retries must be >= 0 (got {s.infra_retries}): it counts the reruns of an attempt "
+            "lost to the infrastructure. Fix: scheduler.infra_retries=2 (0: no rerun)"
+        )
     out += s.docker.problems()
     return out
 

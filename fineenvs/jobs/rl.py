@@ -85,6 +85,7 @@ class LoopStats:
     last_ratio: float | None = None
     parity: list[float] = field(default_factory=list)  # the gate's mean |engine - trainer|, each check
     exit_reasons: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    infra_retried: int = 0  # attempts lost to the infrastructure and run again (scheduler.infra_retries)
 
 
 def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
@@ -144,11 +145,12 @@ def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
 
 
 def _write_attempts(path: Path, group: GroupOutcome) -> None:
+    """Every attempt of the group, the ones lost to the infrastructure and run again included."""
     append_jsonl(
         path,
         *(
             {**{k: v for k, v in asdict(a).items() if k != "rows"}, "rows": len(a.rows)}
-            for a in group.attempts
+            for a in (*group.lost, *group.attempts)
         ),
     )
 
@@ -197,8 +199,9 @@ class GroupAdmission:
         stats = self.stats
         stats.groups += 1
         self.drawn += 1
-        stats.attempts += len(group.attempts)
-        for a in group.attempts:
+        stats.attempts += len(group.attempts) + len(group.lost)
+        stats.infra_retried += len(group.lost)
+        for a in (*group.lost, *group.attempts):
             stats.exit_reasons[a.exit_reason] += 1
         stats.rewards += [a.reward for a in group.attempts if a.reward is not None]
         gid = group.planned.group_id
@@ -480,6 +483,7 @@ class _RLLoop:
             max_inflight=s.max_inflight,
             policy_version=lambda: self.trainer.policy_version,
             skip=set(state.consumed),
+            infra_retries=s.infra_retries,
         )
         admission = GroupAdmission(
             max_staleness=s.max_staleness,
@@ -553,6 +557,7 @@ class _RLLoop:
                 "rollout/groups_all_correct": float(stats.signal_kinds["all_correct"]),
                 "rollout/groups_all_zero": float(stats.signal_kinds["all_zero"]),
                 "rollout/groups_empty": float(stats.empty_groups),
+                "rollout/attempts_rerun_after_infra_failure": float(stats.infra_retried),
                 "rollout/inflight": float(inflight),
                 "train/policy_version": float(self.trainer.policy_version),
             }
@@ -713,6 +718,7 @@ def _summary(run: RunConfig, stats: LoopStats, out: Path, started: float) -> flo
         "groups_without_rows": stats.empty_groups,
         "weight_pushes": stats.weight_pushes,
         "attempt_exits": dict(stats.exit_reasons),
+        "attempts_rerun_after_infra_failure": stats.infra_retried,
         "seconds": round(time.monotonic() - started, 1),
         "output_dir": str(out),
     }

@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fineenvs.rollout.schedule import PlannedGroup
@@ -71,6 +71,9 @@ class AttemptOutcome:
 class GroupOutcome:
     planned: PlannedGroup
     attempts: list[AttemptOutcome]
+    lost: list[AttemptOutcome] = field(default_factory=list)
+    """Attempts lost to the infrastructure and run again under a fresh id (``scheduler.infra_retries``):
+    recorded and counted, never graded or trained on; ``attempts`` holds what replaced them."""
 
     @property
     def policy_version(self) -> int:
@@ -103,6 +106,9 @@ class GroupOutcome:
             return "all_correct"
         return "all_zero" if rewards[0] == 0.0 else "all_equal"
 
+
+Tried = tuple[AttemptOutcome, list[AttemptOutcome]]
+"""An attempt's last outcome and the outcomes lost to the infrastructure before it."""
 
 AttemptRunner = Callable[[PlannedGroup, int, int], Awaitable["AttemptOutcome"]]
 """``(group, attempt_index, policy_version) -> outcome``: runs one attempt (``ProxyAttemptRunner``)."""
@@ -196,6 +202,24 @@ class AttemptPool:
         await self.take()
         return await self.run(group, index, policy_version)
 
+    async def run_retrying(
+        self, group: PlannedGroup, index: int, policy_version: Callable[[], int], retries: int
+    ) -> tuple[AttemptOutcome, list[AttemptOutcome]]:
+        """``run()``, and up to ``retries`` more runs while the attempt is lost to the infrastructure
+        (a dead rollout node): each under a fresh attempt id (``<id>-retry<n>``: a new session and
+        folder, never a second agent against the first one's session), in slots taken anew. Returns
+        the last outcome and the lost ones."""
+        outcome = await self.run(group, index, policy_version)
+        lost: list[AttemptOutcome] = []
+        for n in range(1, retries + 1):
+            if outcome.exit_reason != "infra_failure":
+                break
+            lost.append(outcome)
+            ids = list(group.attempt_ids)
+            ids[index] = f"{group.attempt_ids[index]}-retry{n}"
+            outcome = await self.attempt(replace(group, attempt_ids=tuple(ids)), index, policy_version)
+        return outcome, lost
+
 
 class RolloutScheduler:
     def __init__(
@@ -207,9 +231,13 @@ class RolloutScheduler:
         policy_version: Callable[[], int],
         skip: set[str] | None = None,
         max_ready_groups: int = 8,
+        infra_retries: int = 0,
     ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
+        if infra_retries < 0:
+            raise ValueError(f"infra_retries must be >= 0 (got {infra_retries})")
+        self.infra_retries = infra_retries
         self.schedule = schedule
         self.runner = runner
         self.max_inflight = max_inflight
@@ -251,17 +279,22 @@ class RolloutScheduler:
     async def _produce(self) -> None:
         group_tasks: list[asyncio.Task[None]] = []
 
-        async def run_group(group: PlannedGroup, started: list[asyncio.Task[AttemptOutcome]]) -> None:
-            outcomes = list(await asyncio.gather(*started))
-            await self._ready.put(GroupOutcome(group, outcomes))
+        async def run_group(group: PlannedGroup, started: list[asyncio.Task[Tried]]) -> None:
+            tried = await asyncio.gather(*started)
+            lost = [a for _, lost in tried for a in lost]
+            await self._ready.put(GroupOutcome(group, [outcome for outcome, _ in tried], lost))
 
-        attempt_tasks: list[asyncio.Task[AttemptOutcome]] = []
+        attempt_tasks: list[asyncio.Task[Tried]] = []
         try:
             for group in self.pending:
                 started = []
                 for index in range(len(group.attempt_ids)):
                     await self.pool.take()  # in schedule order: the slot before the task
-                    started.append(asyncio.create_task(self.pool.run(group, index, self.policy_version)))
+                    started.append(
+                        asyncio.create_task(
+                            self.pool.run_retrying(group, index, self.policy_version, self.infra_retries)
+                        )
+                    )
                     attempt_tasks.append(started[-1])
                 group_tasks.append(asyncio.create_task(run_group(group, started)))
             await asyncio.gather(*group_tasks)

@@ -11,6 +11,7 @@ from fineenvs.rollout.schedule import HarnessMix, PlannedGroup, build_schedule, 
 from fineenvs.rollout.scheduler import (
     AttemptOutcome,
     AttemptPool,
+    InfrastructureFailure,
     RolloutScheduler,
     RolloutState,
     ScheduleMismatch,
@@ -125,6 +126,58 @@ def test_crash_is_a_value_with_none_reward() -> None:
         crashed = [a for a in g.attempts if a.exit_reason == "crashed"]
         assert len(crashed) == 1 and crashed[0].reward is None and "agent crashed" in (crashed[0].error or "")
         assert len(g.graded) == 3 and g.policy_version == 3
+
+
+class NodeDiesOnce(FakeRunner):
+    """Attempt ids in ``lose`` are lost to the infrastructure (their node died) the first time they run."""
+
+    def __init__(self, lose: set[str], *, always: bool = False) -> None:
+        super().__init__()
+        self.lose = lose
+        self.always = always
+        self.ids: list[str] = []
+
+    async def __call__(self, group: PlannedGroup, attempt_index: int, policy_version: int) -> AttemptOutcome:
+        aid = group.attempt_ids[attempt_index]
+        self.ids.append(aid)
+        base = aid.split("-retry")[0]
+        if base in self.lose and (self.always or aid == base):
+            raise InfrastructureFailure(f"node of {aid} died")
+        return await super().__call__(group, attempt_index, policy_version)
+
+
+def test_an_attempt_lost_to_the_infrastructure_runs_again_under_a_fresh_id() -> None:
+    schedule = build_schedule(TASKS[:3], MIX, group_size=4, passes=1)
+    lost_id = schedule[1].attempt_ids[2]
+    runner = NodeDiesOnce({lost_id})
+    sched = RolloutScheduler(schedule, runner, max_inflight=4, policy_version=lambda: 0, infra_retries=2)
+    groups = {g.planned.group_id: g for g in asyncio.run(_collect(sched))}
+    hit = groups[schedule[1].group_id]
+    # The lost attempt is kept (recorded, ungraded) and replaced by its rerun, a new session.
+    assert [(a.attempt_id, a.exit_reason, a.reward) for a in hit.lost] == [(lost_id, "infra_failure", None)]
+    assert [a.attempt_id for a in hit.attempts][2] == f"{lost_id}-retry1"
+    assert len(hit.graded) == 4 and hit.attempts[2].reward == 0.0  # attempt index 2: reward 2 % 2
+    assert runner.ids.count(f"{lost_id}-retry1") == 1 and f"{lost_id}-retry2" not in runner.ids
+    assert all(not g.lost for gid, g in groups.items() if gid != schedule[1].group_id)
+    assert sched.peak_inflight <= 4
+
+
+def test_infra_reruns_are_bounded_and_a_crash_is_never_rerun() -> None:
+    schedule = build_schedule(TASKS[:1], MIX, group_size=4, passes=1)
+    lost_id = schedule[0].attempt_ids[0]
+    runner = NodeDiesOnce({lost_id}, always=True)
+    runner.fail = {3}  # the agent itself crashes: its failure, not the machinery's
+    sched = RolloutScheduler(schedule, runner, max_inflight=4, policy_version=lambda: 0, infra_retries=2)
+    (group,) = asyncio.run(_collect(sched))
+    assert [a.attempt_id for a in group.lost] == [lost_id, f"{lost_id}-retry1"]
+    assert (
+        group.attempts[0].attempt_id == f"{lost_id}-retry2"
+        and group.attempts[0].exit_reason == "infra_failure"
+    )
+    assert group.attempts[3].exit_reason == "crashed" and runner.calls.count((group.planned.group_id, 3)) == 1
+    assert len(group.graded) == 2
+    with pytest.raises(ValueError, match="infra_retries"):
+        RolloutScheduler(schedule, runner, max_inflight=4, policy_version=lambda: 0, infra_retries=-1)
 
 
 def test_resume_skips_consumed_groups(tmp_path: Path) -> None:
