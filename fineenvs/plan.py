@@ -496,7 +496,9 @@ def preflight(run: RunConfig) -> list[str]:
             "scheduler.sandbox=bwrap needs bubblewrap, which is not installed: apt-get install bubblewrap "
             "(or scheduler.sandbox=plain)."
         )
-    if run.scheduler.sandbox.value == "docker":
+    # With backend=ray the containers run on the rollout nodes, which check for themselves (an
+    # attempt there without a daemon is an infra failure that says why): the driver needs no daemon.
+    if run.scheduler.sandbox.value == "docker" and run.scheduler.backend.value != "ray":
         from fineenvs.harnesses.container import daemon_problem, runtime_problem
 
         problems += [p for p in (daemon_problem(), runtime_problem(run.scheduler.docker)) if p]

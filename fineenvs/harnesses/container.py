@@ -43,10 +43,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from fineenvs.harnesses.guard import RUN_MARKER_ENV
+from fineenvs.harnesses.guard import ATTEMPT_LABEL, RUN_MARKER_ENV
 
 RUN_LABEL = "fineenvs.run"
-ATTEMPT_LABEL = "fineenvs.attempt"
 BRIDGE_IN_CONTAINER = "/opt/fineenvs/netbridge.py"
 HOSTNAME = "fineenvs"
 BASE_REPO = "fineenvs-base"
@@ -138,6 +137,23 @@ def daemon_problem() -> str | None:
             "Fix: start dockerd (e.g. `dockerd &`) or point DOCKER_HOST at one."
         )
     return None
+
+
+_DAEMON_ANSWERED = False
+
+
+def node_problem(settings: DockerSettings) -> str | None:
+    """Why attempts cannot run in containers on this machine (None when they can): the check an
+    attempt makes where it runs. With ``scheduler.backend=ray`` that is a rollout node, not the
+    driver, which needs no daemon of its own. The daemon is asked until it has answered once in
+    this process; one that dies later fails ``docker run``, which is then classified the same way."""
+    global _DAEMON_ANSWERED
+    if not _DAEMON_ANSWERED:
+        problem = daemon_problem()
+        if problem:
+            return problem
+        _DAEMON_ANSWERED = True
+    return runtime_problem(settings)
 
 
 def _docker(*args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -328,26 +344,139 @@ _BUILD_LOCK = threading.Lock()
 _BUILT: dict[str, str] = {}
 
 
+def _stat_key(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return f"{path}:-"
+    return f"{path}:{st.st_mtime_ns}:{st.st_size}"
+
+
+def _runtime_key() -> str:
+    """A cheap fingerprint of what the default image is made from (milliseconds, no ``ldd``): the
+    recipe, the host Python (its executable's path, mtime and size), each install folder of the
+    harness cache with its install marker (an agent or Node added or reinstalled), the base programs,
+    and ``/etc/ld.so.cache`` (rewritten by ldconfig whenever the system's libraries change)."""
+    from fineenvs.paths import MARKER_FILE, harness_cache
+
+    parts = [_BASE_RECIPE, str(Path(sys.base_prefix).resolve()), _stat_key(Path(sys.executable).resolve())]
+    parts += [_stat_key(p.resolve()) for p in python_prefixes()]
+    for entry in sorted(harness_cache().iterdir()):
+        if entry.is_dir():
+            parts.append(_stat_key(entry / MARKER_FILE))
+    for prog in BASE_PROGRAMS:
+        found = shutil.which(prog, path="/usr/bin:/bin:/usr/sbin")
+        if found:
+            parts.append(_stat_key(Path(found)))
+    parts.append(_stat_key(Path("/etc/ld.so.cache")))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _base_tag_cache() -> Path:
+    from fineenvs.paths import cache_dir
+
+    return cache_dir() / "docker" / "default-image.json"
+
+
+def _runtime_name() -> str:
+    """Which runtime a default image belongs to: several Pythons (venvs of other checkouts) may
+    share one harness cache and one daemon, each with its own current image."""
+    return str(Path(sys.base_prefix).resolve())
+
+
+def _read_base_tags() -> dict[str, dict[str, str]]:
+    """runtime -> {"key": fingerprint, "tag": image} of each runtime's current default image."""
+    try:
+        known = json.loads(_base_tag_cache().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in known.items() if isinstance(v, dict)} if isinstance(known, dict) else {}
+
+
+def _cached_base_tag(key: str) -> str | None:
+    """The tag built for this runtime fingerprint earlier (any process), if the daemon still has it."""
+    entry = _read_base_tags().get(_runtime_name(), {})
+    tag = entry.get("tag") if entry.get("key") == key else None
+    return tag if isinstance(tag, str) and image_exists(tag) else None
+
+
+def _remember_base_tag(key: str, tag: str) -> None:
+    import fcntl
+
+    path = _base_tag_cache()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / ".default-image.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # runs on other runtimes update their own entries
+        known = _read_base_tags()
+        known[_runtime_name()] = {"key": key, "tag": tag}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)  # atomic: a reader sees the old file or the new one, never half
+
+
 def default_image() -> str:
-    """The default image, built from this machine's runtime once per content (``fineenvs-base:<hash>``)."""
+    """The default image, built from this machine's runtime once per content (``fineenvs-base:<hash>``).
+
+    The content hash needs an ``ldd`` walk over every ELF file of the mounted runtimes (seconds);
+    a cheap fingerprint of those runtimes (:func:`_runtime_key`) remembers its result across
+    processes, so the walk runs only when the runtime changed or the image is gone."""
     with _BUILD_LOCK:
         if "base" in _BUILT:
             return _BUILT["base"]
-        files = _base_files()
-        digest = hashlib.sha256(f"{_BASE_RECIPE}\0{Path(sys.base_prefix).resolve()}".encode())
-        for dest in sorted(files):
-            digest.update(dest.encode() + b"\0")
-            digest.update(hashlib.sha256(files[dest].read_bytes()).digest())
-        tag = f"{BASE_REPO}:{digest.hexdigest()[:16]}"
-        if not image_exists(tag):
-            with tempfile.TemporaryDirectory(prefix="fineenvs-base-") as tmp:
-                _assemble_base(files, Path(tmp) / "rootfs")
-                (Path(tmp) / "Dockerfile").write_text(
-                    'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\nCMD ["/bin/sh"]\n'
-                )
-                _build(tag, Path(tmp), label="the default image")
+        key = _runtime_key()
+        tag = _cached_base_tag(key)
+        if tag is None:
+            tag, built = _build_default_image()
+            _remember_base_tag(key, tag)
+            if built:  # after remembering: the new tag is current, the runtime's previous one is not
+                prune_base_images(keep={tag, *(e.get("tag", "") for e in _read_base_tags().values())})
         _BUILT["base"] = tag
         return tag
+
+
+def _build_default_image() -> tuple[str, bool]:
+    """Hash the runtime's files and build ``fineenvs-base:<hash>`` unless the daemon has it:
+    (the tag, whether it was built now)."""
+    files = _base_files()
+    digest = hashlib.sha256(f"{_BASE_RECIPE}\0{Path(sys.base_prefix).resolve()}".encode())
+    for dest in sorted(files):
+        digest.update(dest.encode() + b"\0")
+        digest.update(hashlib.sha256(files[dest].read_bytes()).digest())
+    tag = f"{BASE_REPO}:{digest.hexdigest()[:16]}"
+    if image_exists(tag):
+        return tag, False
+    with tempfile.TemporaryDirectory(prefix="fineenvs-base-") as tmp:
+        _assemble_base(files, Path(tmp) / "rootfs")
+        (Path(tmp) / "Dockerfile").write_text(
+            'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\nCMD ["/bin/sh"]\n'
+        )
+        _build(tag, Path(tmp), label="the default image")
+    return tag, True
+
+
+def prune_base_images(*, keep: set[str], repo: str = BASE_REPO) -> list[str]:
+    """Untag every ``fineenvs-base`` image that no container (running or stopped) uses, except
+    ``keep`` (the current image of every runtime in the cache); returns the tags removed. Each
+    runtime change builds a new default image (30-40 MB), and nothing else removes the old ones.
+    An image a task image was built FROM only loses its tag; its layers stay while that needs them."""
+    listed = _docker("images", repo, "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", check=False)
+    if listed.returncode != 0:
+        return []
+    used = _docker("ps", "-a", "--format", "{{.Image}}", check=False)
+    if used.returncode != 0:  # cannot tell what is in use: remove nothing
+        return []
+    in_use = set(used.stdout.split())
+    removed: list[str] = []
+    for line in listed.stdout.splitlines():
+        tag, _, image_id = line.partition(" ")
+        if tag in keep or not tag.startswith(f"{repo}:") or tag.endswith(":<none>"):
+            continue
+        if tag in in_use or image_id in in_use:
+            continue
+        # Not -f: the daemon refuses an image a container created since the listing uses.
+        if _docker("rmi", tag, check=False).returncode == 0:
+            removed.append(tag)
+    return removed
 
 
 def _build(tag: str, context: Path, *, label: str, build_args: dict[str, str] | None = None) -> None:
@@ -465,12 +594,50 @@ def docker_argv(
     ]  # fmt: skip
 
 
-def container_end(name: str) -> tuple[bool, int | None]:
-    """(killed for memory, exit code) of a finished container, then removes it."""
+@dataclass(frozen=True)
+class ContainerEnd:
+    """How an attempt's container ended: killed for memory, its exit code, whether its command
+    ever started (False where docker itself failed first: no image, a bad mount, no such runtime),
+    and docker's own error about it."""
+
+    oom: bool
+    code: int | None
+    started: bool
+    error: str
+
+
+_NEVER = "0001-01-01T00:00:00Z"  # docker's StartedAt of a container whose process never ran
+
+
+def container_end(name: str) -> ContainerEnd:
+    """How the named container ended (see :class:`ContainerEnd`); then it is removed. A container
+    that does not exist (``docker run`` failed before creating it) never started."""
     done = _docker("inspect", "--format", "{{json .State}}", name, check=False)
-    oom, code = False, None
+    end = ContainerEnd(False, None, False, "")
     if done.returncode == 0:
         state = json.loads(done.stdout)
-        oom, code = bool(state.get("OOMKilled")), state.get("ExitCode")
+        started = str(state.get("StartedAt") or _NEVER)
+        end = ContainerEnd(
+            oom=bool(state.get("OOMKilled")),
+            code=state.get("ExitCode"),
+            started=not started.startswith("0001-"),
+            error=str(state.get("Error") or ""),
+        )
     _docker("rm", "-f", name, check=False)
-    return oom, code
+    return end
+
+
+DOCKER_RUN_OWN_CODES = (125, 126, 127)
+"""``docker run``'s exit codes for its own failures: 125 the daemon's error (no image, a bad
+option or mount, no daemon), 126 the command cannot be invoked, 127 it cannot be found. An agent
+can exit with these too, but only after its container started."""
+
+
+def startup_failure(returncode: int | None, end: ContainerEnd, stderr: str) -> str | None:
+    """docker's own error where ``docker run`` failed before the agent started (an infrastructure
+    failure, not the agent's), else None."""
+    if returncode not in DOCKER_RUN_OWN_CODES or end.started:
+        return None
+    said = [line.strip() for line in stderr.splitlines() if line.strip().startswith("docker:")]
+    why = end.error or (said[-1] if said else "") or (stderr.strip().splitlines() or ["no message"])[-1]
+    return f"the container did not start (docker run exited {returncode}): {why[-1500:]}"

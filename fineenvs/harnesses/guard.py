@@ -11,7 +11,8 @@ own, and on SIGTERM (the run died, or the run is stopping the attempt) kills tha
 process carrying the attempt's marker in its environment (descendants that left the group), first
 with SIGTERM, then SIGKILL. Otherwise it waits for the agent and exits as the agent did (the same
 exit code, or the same signal), so the caller sees the agent's own status. When the agent is a
-``docker run`` client (the docker sandbox), stopping also removes its container by name.
+``docker run`` client (the docker sandbox), stopping also removes its container, found by the
+attempt's label with the client's absolute path (see :func:`_remove_container`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ import time
 MARKER_ENV = "FINEENVS_ATTEMPT_ID"  # every process of an attempt carries it (the sandbox sets it)
 RUN_MARKER_ENV = "FINEENVS_RUN_DIR"  # every process of a run: its output directory (fineenvs.lifecycle)
 CONTAINER_ENV = "FINEENVS_CONTAINER"  # the attempt's container, where it runs in one (container.py)
+DOCKER_CLIENT_ENV = "FINEENVS_DOCKER"  # the docker client's absolute path, resolved at attempt start
+ATTEMPT_LABEL = "fineenvs.attempt"  # the label with the attempt's marker on its container (container.py)
 GRACE_SECONDS = 3.0
+CONTAINER_SETTLE_SECONDS = 1.0  # no container of the attempt for this long: none is being created
+REMOVE_DEADLINE_SECONDS = 15.0
 
 
 def pids_with_env(name: str, value: str, skip: set[int]) -> list[int]:
@@ -74,13 +79,39 @@ def _take_down(agent: subprocess.Popen[bytes], marker: str) -> None:
             time.sleep(0.05)
 
 
-def _remove_container() -> None:
-    """The attempt's container (the docker sandbox names it in our environment): killing the
-    ``docker run`` client does not stop the container, and the run may be gone already."""
-    name = os.environ.get(CONTAINER_ENV)
-    if name:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+def _docker_out(docker: str, *args: str) -> str | None:
+    """stdout of ``docker args``, None where the client failed (no daemon, a timeout)."""
+    try:
+        done = subprocess.run([docker, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _remove_container(marker: str, *, settle: float = CONTAINER_SETTLE_SECONDS) -> None:
+    """Remove the attempt's container (the docker sandbox tells us, in our environment, the client's
+    absolute path: our PATH is the agent's, which may not hold it). Killing the ``docker run`` client
+    does not stop its container, and the run may be gone already.
+
+    By the attempt's label, not by name, and until no such container has shown up for ``settle``
+    seconds: a client killed while the daemon was still creating the container leaves one that
+    appears only after the kill, and a one-shot ``docker rm`` of the name would miss it."""
+    docker = os.environ.get(DOCKER_CLIENT_ENV)
+    if not os.environ.get(CONTAINER_ENV) or not docker:
+        return
+    query = ("ps", "-aq", "--no-trunc", "--filter", f"label={ATTEMPT_LABEL}={marker}")
+    deadline = time.monotonic() + REMOVE_DEADLINE_SECONDS
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        ids = _docker_out(docker, *query)
+        if ids is None:  # the daemon is gone: its containers with it, nothing to wait for
+            return
+        if ids.split():
+            _docker_out(docker, "rm", "-f", *ids.split())
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= settle:
+            return
+        time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:
@@ -105,7 +136,7 @@ def main(argv: list[str]) -> int:
             agent.wait(timeout=0.2)
     if stopping:
         _take_down(agent, marker)
-        _remove_container()
+        _remove_container(marker)
         return 128 + signal.SIGTERM
     _take_down(agent, marker)  # the agent exited: its leftovers (shells, servers) go too
     code = agent.returncode

@@ -49,7 +49,14 @@ from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Launch, Outputs
-from fineenvs.harnesses.guard import CONTAINER_ENV, MARKER_ENV, RUN_MARKER_ENV, alive, pids_with_env
+from fineenvs.harnesses.guard import (
+    CONTAINER_ENV,
+    DOCKER_CLIENT_ENV,
+    MARKER_ENV,
+    RUN_MARKER_ENV,
+    alive,
+    pids_with_env,
+)
 from fineenvs.jsonl import JsonObject
 
 if TYPE_CHECKING:
@@ -61,7 +68,18 @@ KILL_GRACE_SECONDS = 3.0
 
 WORK_ROOT_NAME = "fineenvs-work"
 
-EXIT_REASONS = ("finished", "timeout", "crashed", "budget_stop", "context_overflow", "wiring_failure")
+EXIT_REASONS = (
+    "finished",
+    "timeout",
+    "crashed",
+    "budget_stop",
+    "context_overflow",
+    "wiring_failure",
+    "infra_failure",
+)
+"""``infra_failure``: the sandbox itself did not start (no docker daemon, an image that did not
+build, ``docker run`` failing before the agent ran, bwrap unable to set up its namespaces): the
+machinery's fault, never the agent's (the rollout runner raises it as ``InfrastructureFailure``)."""
 
 
 @dataclass(frozen=True)
@@ -286,6 +304,9 @@ def _docker_wrap(
     needs), the proxy bridge and the container's name."""
     from fineenvs.harnesses import container as ct
 
+    problem = ct.node_problem(plan.settings)  # here, where the container runs (a Ray node, or this machine)
+    if problem:
+        raise ct.DockerUnavailable(problem)
     image = ct.image_for(plan.settings, task_id=plan.task_id, environment=plan.environment)
     name = f"fineenvs-{marker[:16]}"
     bridge, sock_dir, sock, port = _proxy_bridge(base_url, "docker")
@@ -310,23 +331,49 @@ def _docker_wrap(
     # The client runs with the agent's HOME (/tmp/home, a host path any local user can create):
     # its config, which can name another daemon, comes from the user running fineenvs instead.
     client.setdefault("DOCKER_CONFIG", str(Path.home() / ".docker"))
-    return wrapped, {**env, **client, CONTAINER_ENV: name}, bridge, name
+    # The guard removes the container when the run dies: with this client (its PATH is the agent's).
+    guard = {CONTAINER_ENV: name, DOCKER_CLIENT_ENV: wrapped[0]}
+    return wrapped, {**env, **client, **guard}, bridge, name
 
 
-def _container_outcome(run: _AgentRun, name: str, plan: _ContainerPlan | None) -> tuple[_AgentRun, bool]:
-    """The run, with a kill for memory recorded as its failure, and whether there was one; the
-    container is removed."""
-    from fineenvs.harnesses.container import container_end
+def _container_outcome(
+    run: _AgentRun, name: str, plan: _ContainerPlan | None, attempt_dir: Path
+) -> tuple[_AgentRun, bool, str]:
+    """The run, with a kill for memory recorded as its failure, whether there was one, and docker's
+    own error where the container never started (empty otherwise); the container is removed."""
+    from fineenvs.harnesses.container import container_end, startup_failure
 
-    oom, _code = container_end(name)
-    if not oom:
-        return run, False
+    end = container_end(name)
+    if run.returncode is not None and not run.timed_out:
+        failed = startup_failure(run.returncode, end, _read_text(attempt_dir / "stderr.txt"))
+        if failed:
+            return replace(run, detail="; ".join(x for x in (failed, run.detail) if x)), False, failed
+    if not end.oom:
+        return run, False, ""
     limit = plan.settings.memory if plan is not None else "?"
     detail = (
         f"out of memory: the container was killed at its memory limit (scheduler.docker.memory={limit}); "
         "raise it, e.g. scheduler.docker.memory=8g"
     )
-    return replace(run, detail="; ".join(x for x in (detail, run.detail) if x)), True
+    return replace(run, detail="; ".join(x for x in (detail, run.detail) if x)), True, ""
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _bwrap_failure(run: _AgentRun, attempt_dir: Path) -> str:
+    """bwrap's own error where it could not set up the sandbox (it then exits 1 having written only
+    ``bwrap: <why>``, before the agent ran), else empty. An agent that exits 1 writes its own stderr."""
+    if run.returncode != 1 or run.timed_out:
+        return ""
+    lines = _read_text(attempt_dir / "stderr.txt").strip().splitlines()
+    if len(lines) == 1 and lines[0].startswith("bwrap: "):
+        return f"the bwrap sandbox did not start: {lines[0]}"
+    return ""
 
 
 def run_attempt(
@@ -470,11 +517,18 @@ def _run_in(
             bridge=bridge,
         )
     oom = False
+    infra = setup_error  # the sandbox, not the agent, failed: an infrastructure failure
     if container_name:
-        run, oom = _container_outcome(run, container_name, container)
+        run, oom, infra = _container_outcome(run, container_name, container, attempt_dir)
+    elif use_bwrap:
+        infra = _bwrap_failure(run, attempt_dir)
+        if infra:
+            run = replace(run, detail="; ".join(x for x in (infra, run.detail) if x))
     result = _attempt_result(harness, run, attempt_dir=attempt_dir, workdir=workdir, proxy_stats=proxy_stats)
     if oom and result.exit_reason == "wiring_failure":  # killed before its first call: not a wiring fault
         result.exit_reason = "crashed"
+    if infra:
+        result.exit_reason = "infra_failure"
     record["result"] = result.to_json()
     (attempt_dir / "attempt.json").write_text(json.dumps(record, indent=2))
     return result

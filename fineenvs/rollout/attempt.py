@@ -23,7 +23,7 @@ __all__ = ["AttemptSettings", "ProxyAttemptRunner", "calls_to_nodes"]
 
 from fineenvs.jsonl import JsonObject
 from fineenvs.rollout.schedule import PlannedGroup
-from fineenvs.rollout.scheduler import AttemptOutcome
+from fineenvs.rollout.scheduler import AttemptOutcome, InfrastructureFailure
 from fineenvs.trajectory.record import CallRecord, calls_to_nodes
 from fineenvs.trajectory.rows import Row
 
@@ -88,6 +88,8 @@ class ProxyAttemptRunner:
         session = await self._open_session(group, attempt_id, policy_version)
         attempt_dir = self.settings.attempts_dir / group.group_id / attempt_id
         result, rollout = await self._run_agent(group, task, session, attempt_dir)
+        if result.exit_reason == "infra_failure":  # the sandbox never ran the agent: no grade, not a 0
+            raise InfrastructureFailure(f"attempt {attempt_id}: {result.detail}")
         outcome.exit_reason = result.exit_reason
         outcome.model_calls = result.proxy_model_calls or 0
         outcome.duration_seconds = time.monotonic() - started

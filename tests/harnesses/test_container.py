@@ -178,7 +178,7 @@ def test_failed_task_build_says_why_and_how_to_fix(tmp_path: Path) -> None:
     (env_dir / "Dockerfile").write_text(f"FROM {ct.default_image()}\nRUN exit 3\n")
     before = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout.split()
     result = _run(tmp_path, "echo never", environment=env_dir)
-    assert result.exit_reason in ("crashed", "wiring_failure")
+    assert result.exit_reason == "infra_failure"  # the image, not the agent, failed
     assert "building the task image" in result.detail and "FINEENVS_BASE_IMAGE" in result.detail
     assert "building the task image" in (tmp_path / "attempt" / "stderr.txt").read_text()
     after = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout.split()
@@ -271,3 +271,54 @@ def test_restart_removes_exactly_that_runs_containers(tmp_path: Path) -> None:
         assert unlabelled.stdout.strip() in alive
     finally:
         subprocess.run(["docker", "rm", "-f", started[2], unlabelled.stdout.strip()], capture_output=True)
+
+
+def test_docker_run_failing_before_the_agent_is_an_infra_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An image no daemon has (pulling it fails: docker run exits 125 with docker's own error).
+    missing = f"fineenvs-test-missing-{os.getpid()}:1"
+    result = _run(tmp_path, "echo 1 > answer.txt", DockerSettings(image=missing), attempt_dir=tmp_path / "a1")
+    assert result.exit_reason == "infra_failure", result
+    assert "the container did not start (docker run exited 125)" in result.detail
+    assert missing in (tmp_path / "a1" / "stderr.txt").read_text() and result.answer is None
+    # The daemon gone after it had answered once (DOCKER_HOST at a dead socket): the same.
+    monkeypatch.setattr(ct, "_DAEMON_ANSWERED", True)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/dead.sock")
+    gone = _run(
+        tmp_path,
+        "echo 1 > answer.txt",
+        DockerSettings(image=ct.BASE_REPO + ":x"),
+        attempt_dir=tmp_path / "a2",
+    )
+    assert gone.exit_reason == "infra_failure", gone
+    assert "Cannot connect to the Docker daemon" in gone.detail
+
+
+@pytest.mark.parametrize("code", [1, 125, 127])
+def test_an_agent_exiting_with_docker_run_codes_in_its_container_stays_the_agents(
+    tmp_path: Path, code: int
+) -> None:
+    result = _run(tmp_path, f"echo 'docker: my own words' >&2; exit {code}")
+    assert result.exit_reason == "crashed" and result.returncode == code, result
+
+
+def test_old_default_images_no_container_uses_are_pruned(tmp_path: Path) -> None:
+    # A repository of this test's own, so that no other run's images on this daemon are touched;
+    # the logic is the one default_image() runs on fineenvs-base after each build.
+    repo = f"fineenvs-prune-test-{os.getpid()}"
+    source = ct.default_image()
+    old, used, current = f"{repo}:old", f"{repo}:used", f"{repo}:current"
+    for tag in (old, used, current):
+        subprocess.run(["docker", "tag", source, tag], check=True, capture_output=True)
+    holder = subprocess.run(["docker", "create", used, "true"], capture_output=True, text=True, check=True)
+    try:
+        assert ct.prune_base_images(keep={current}, repo=repo) == [old]
+        left = subprocess.run(
+            ["docker", "images", repo, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+        ).stdout.split()
+        assert sorted(left) == sorted([used, current])
+        assert ct.image_exists(source)  # the tags went, not the image they shared
+    finally:
+        subprocess.run(["docker", "rm", "-f", holder.stdout.strip()], capture_output=True)
+        subprocess.run(["docker", "rmi", old, used, current], capture_output=True)

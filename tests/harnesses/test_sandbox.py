@@ -288,6 +288,26 @@ def test_bwrap_reaches_the_proxy_from_an_attempt_folder_deeper_than_a_unix_socke
     assert len(host_sock_dir) < 60 and not Path(host_sock_dir).exists()  # short, and removed afterwards
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed (apt-get install bubblewrap)")
+def test_bwrap_that_cannot_set_up_its_sandbox_is_an_infra_failure_and_an_agents_exit_1_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fineenvs.harnesses.sandbox as sb
+
+    # A bind bwrap cannot make: it fails before the agent runs (exit 1, its own one-line error).
+    missing = str(tmp_path / "gone")
+    monkeypatch.setattr(sb, "_keep_under_tmp", lambda: ["--ro-bind", missing, missing])
+    broken = run_script(tmp_path, "echo 1 > answer.txt", attempt_dir=tmp_path / "a1", use_bwrap=True)
+    assert broken.exit_reason == "infra_failure", (tmp_path / "a1" / "stderr.txt").read_text()
+    assert "the bwrap sandbox did not start: bwrap: Can't find source path" in broken.detail
+    assert broken.answer is None
+    monkeypatch.undo()
+    # The agent's own exit 1, whatever it says on stderr, stays the agent's.
+    script = "echo 'bwrap: not really' >&2; echo more >&2; exit 1"
+    agent = run_script(tmp_path, script, attempt_dir=tmp_path / "a2", use_bwrap=True)
+    assert agent.exit_reason == "crashed" and agent.returncode == 1
+
+
 def test_proxy_stats_failure_is_reported_not_raised(tmp_path: Path) -> None:
     def broken() -> ProxyStats:
         raise ConnectionError("proxy gone")
