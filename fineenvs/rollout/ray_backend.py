@@ -191,10 +191,14 @@ def _probe_node(path: str, health_url: str) -> dict[str, Any]:
 
     p = Path(path)
     reached: str | None = None
-    try:
-        httpx.get(health_url, timeout=10.0).raise_for_status()
-    except httpx.HTTPError as exc:
-        reached = f"{type(exc).__name__}: {str(exc)[:200]}"
+    for attempt in range(3):  # a busy machine may miss one GET; a closed port fails all three at once
+        try:
+            httpx.get(health_url, timeout=10.0).raise_for_status()
+            reached = None
+            break
+        except httpx.HTTPError as exc:
+            reached = f"{type(exc).__name__}: {str(exc)[:200]}"
+            time.sleep(0.5 * (attempt + 1))
     return {
         "seen": p.read_text() if p.is_file() else None,
         "proxy_error": reached,

@@ -177,11 +177,11 @@ def _run(argv: list[str], cluster: UserCluster, log: Path, timeout: float) -> No
                 proc.wait()
 
 
-def _check_job(out: Path, cluster: UserCluster, harnesses: list[str]) -> dict:
+def _check_job(out: Path, cluster: UserCluster, harnesses: list[str], steps: int = 2) -> dict:
     """One job's outcome on the cluster: steps trained, every graded attempt on the rollout node
     with the proxy's records of its calls, the evaluation's attempts there too, nothing left."""
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["rows_trained"] > 0, summary
+    assert summary["steps"] == steps and summary["rows_trained"] > 0, summary
     attempts = [json.loads(line) for line in (out / "attempts.jsonl").read_text().splitlines()]
     assert {a["harness"] for a in attempts} == set(harnesses), attempts
     assert not [a for a in attempts if a["exit_reason"] == "infra_failure"], attempts
@@ -227,6 +227,9 @@ def test_a_harness_mix_multirun_shares_the_existing_cluster(
     argv = [
         sys.executable, "-m", "fineenvs.run", "-m", "+experiment=smoke", "harness=opencode,mini_swe_agent",
         "scheduler.backend=ray", f"scheduler.ray.address={user_cluster.address}", f"hydra.sweep.dir={sweep}",
+        # Shorter jobs than the smoke run's (one group, one step, one evaluated task): the subject
+        # here is two runs one after another on one cluster.
+        "tasks.limit=1", "trainer.max_steps=1", "trainer.eval_steps=1", "eval.subset_during_training=1",
     ]  # fmt: skip
     _run(argv, user_cluster, tmp_path / "multirun.log", timeout=1200)
     jobs = {}
@@ -235,7 +238,7 @@ def test_a_harness_mix_multirun_shares_the_existing_cluster(
             json.loads(line)["harness"] for line in (out / "attempts.jsonl").read_text().splitlines()
         }
         (harness,) = harnesses
-        _check_job(out, user_cluster, [harness])
+        _check_job(out, user_cluster, [harness], steps=1)
         jobs[harness] = out
     assert set(jobs) == {"opencode", "mini_swe_agent"}, sorted(sweep.iterdir())
     _still_up(user_cluster)
