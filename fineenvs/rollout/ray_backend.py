@@ -18,7 +18,8 @@ What is covered:
 What is not covered:
 
 - A rollout node needs the attempt folder the driver grades: ``paths.output_dir`` must be on a
-  filesystem every node mounts at the same path (checked at start, ``check_shared_output``).
+  filesystem every node mounts at the same path, and rollout nodes must reach the proxy at
+  ``scheduler.ray.proxy_url`` (both checked at start by one task, ``check_rollout_node``).
 - The agent CLIs are found in the node's ``FINEENVS_CACHE`` (shared, or installed there by the
   project's installer on first use; an install needs the node to reach the registries).
 """
@@ -182,10 +183,28 @@ def _remote_attempt(
     return result, rollout, placement
 
 
-def _read_probe(path: str) -> str | None:
-    """Runs on a rollout node: the probe file the driver wrote, if this node sees it."""
+def _probe_node(path: str, health_url: str) -> dict[str, Any]:
+    """Runs on a rollout node: the probe file the driver wrote (if this node sees it) and whether
+    this node reaches the proxy's unauthenticated ``/health`` at the URL its agents will use."""
+    import httpx
+    import ray
+
     p = Path(path)
-    return p.read_text() if p.is_file() else None
+    reached: str | None = None
+    for attempt in range(3):  # a busy machine may miss one GET; a closed port fails all three at once
+        try:
+            httpx.get(health_url, timeout=10.0).raise_for_status()
+            reached = None
+            break
+        except httpx.HTTPError as exc:
+            reached = f"{type(exc).__name__}: {str(exc)[:200]}"
+            time.sleep(0.5 * (attempt + 1))
+    return {
+        "seen": p.read_text() if p.is_file() else None,
+        "proxy_error": reached,
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "hostname": socket.gethostname(),
+    }
 
 
 # --------------------------------------------------------------------------- the driver side
@@ -266,20 +285,22 @@ class RayAttempts:
                 ray.cancel(ref, force=True)
 
 
-def check_shared_output(out: Path, settings: RaySettings) -> None:
-    """Fail at start, with the fix, when rollout nodes do not see the driver's output folder: the
-    driver grades each attempt's folder, which its node writes."""
+def check_rollout_node(out: Path, settings: RaySettings, proxy_url: str) -> dict[str, Any]:
+    """Fail at start, with the fix, when a rollout node does not see the driver's output folder
+    (the driver grades each attempt's folder, which its node writes) or cannot reach the proxy at
+    ``proxy_url`` (its agents' model calls go there). One Ray task on a rollout node checks both."""
     import ray
 
     probe = out / f".ray-shared-probe-{secrets.token_hex(4)}"
     token = secrets.token_hex(8)
     probe.write_text(token)
+    health = proxy_url.rstrip("/") + "/health"
     try:
-        task = ray.remote(_read_probe).options(
+        task = ray.remote(_probe_node).options(
             resources={settings.sandbox_resource: settings.sandbox_per_attempt}, num_cpus=0, max_retries=0
         )
         try:
-            seen = ray.get(task.remote(str(probe)), timeout=settings.placement_timeout_seconds)
+            seen = ray.get(task.remote(str(probe), health), timeout=settings.placement_timeout_seconds)
         except ray.exceptions.GetTimeoutError as exc:
             raise InfrastructureFailure(
                 f"no Ray node with the '{settings.sandbox_resource}' resource took a task within "
@@ -289,12 +310,32 @@ def check_shared_output(out: Path, settings: RaySettings) -> None:
             ) from exc
     finally:
         probe.unlink(missing_ok=True)
-    if seen != token:
-        raise InfrastructureFailure(
-            f"a rollout node cannot read {out} (the run's output folder): the driver grades each attempt's "
+    problems = []
+    node = f"rollout node {seen['hostname']} (Ray node {str(seen['node_id'])[:12]})"
+    if seen["seen"] != token:
+        problems.append(
+            f"{node} cannot read {out} (the run's output folder): the driver grades each attempt's "
             "folder, which the attempt's node writes, so paths.output_dir must be on a filesystem every node "
             "mounts at the same path (NFS, Lustre, ...). Fix: hydra.run.dir=/shared/path/... (docs/cluster.md)."
         )
+    if seen["proxy_error"] is not None:
+        host = urlsplit(proxy_url).hostname or ""
+        why = (
+            f"scheduler.ray.proxy_url={settings.proxy_url}"
+            if settings.proxy_url
+            else f"scheduler.ray.proxy_url is null, so nodes use the driver's own proxy address {proxy_url}"
+        )
+        if host in ("127.0.0.1", "localhost", "::1") or host.startswith("127."):
+            why += ", a loopback address only the driver's machine reaches"
+        problems.append(
+            f"{node} cannot reach the proxy at {health} ({seen['proxy_error']}): every agent on that node "
+            f"sends its model calls there. {why}. Fix: scheduler.ray.proxy_url=http://DRIVER_IP:PORT with "
+            "proxy.host=0.0.0.0 proxy.port=PORT proxy.admin_key=... (or +cluster=ray), and a network path "
+            "from the rollout nodes to that port (docs/cluster.md)."
+        )
+    if problems:
+        raise InfrastructureFailure(" ".join(problems))
+    return seen
 
 
 class LocalCluster:
@@ -430,7 +471,12 @@ async def ray_attempts(
             address=address,
             log_to_driver=False,
             configure_logging=False,
-            _node_ip_address=LOOPBACK if local else None,  # None: Ray's own choice, as for ray.init()
+            # A local cluster's nodes are on loopback. An existing cluster: Ray's own choice, the
+            # address its `ray start` registered this machine's node under. Ray 2.60 turns a loopback
+            # address (`ray start --node-ip-address=127.0.0.1`, `address=127.0.0.1:P`) into the
+            # machine's interface address on both sides, so the pair still matches (tested:
+            # tests/integration/test_ray_existing_cluster.py).
+            _node_ip_address=LOOPBACK if local else None,
         )
         # Ray's Cluster nodes and ray.init install SIGTERM handlers of their own in this process
         # (exit at once); SIGTERM must keep stopping the run as Ctrl-C does (fineenvs.lifecycle),
@@ -440,10 +486,10 @@ async def ray_attempts(
                 signal.signal(sig, handler)
         where = f"local cluster ({settings.local_sandbox_nodes} rollout nodes)" if local else address
         print(f"Built Ray backend on {where} at {ray.get_runtime_context().gcs_address}", flush=True)
-        await asyncio.to_thread(check_shared_output, out, settings)
         attempts = RayAttempts(
             settings, proxy_url=proxy_url, admin_key=admin_key, run_marker=os.environ.get(RUN_MARKER_ENV)
         )
+        await asyncio.to_thread(check_rollout_node, out, settings, attempts.remote_proxy_url)
         done = threading.Event()
         if local is not None:
             threading.Thread(target=_reap_every, args=(local, done), name="ray-reaper", daemon=True).start()

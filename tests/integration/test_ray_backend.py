@@ -9,6 +9,7 @@
   optimizer steps trained; one rollout node is killed mid-attempt and the run still finishes,
   that attempt ungraded (``infra_failure``), never a 0 reward.
 - SIGTERM of such a run leaves no process of the run and no Ray process or folder of its cluster.
+- The start-up check: a rollout node that cannot reach the proxy stops the run with the fix.
 
 The tier needs Ray (``make test-ray`` installs it) and, for the runs, the agent CLIs.
 """
@@ -22,8 +23,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,14 @@ import pytest
 from fineenvs.harnesses import check_installed
 from fineenvs.lifecycle import run_processes
 from fineenvs.paths import REPO_ROOT
-from fineenvs.rollout.ray_backend import CLUSTER_FILE, PLACEMENT_FILE, RayAttempts, RaySettings, ray_attempts
+from fineenvs.rollout.ray_backend import (
+    CLUSTER_FILE,
+    PLACEMENT_FILE,
+    RayAttempts,
+    RaySettings,
+    check_rollout_node,
+    ray_attempts,
+)
 from fineenvs.rollout.scheduler import InfrastructureFailure
 from tests.integration.runs import attempt_processes, smoke_command
 
@@ -67,13 +77,36 @@ def _sleeper(harness: str, kwargs: dict, rollout_url: str, admin_key: object, ma
     return node, {}, {"node_id": node}
 
 
+class _Health(BaseHTTPRequestHandler):
+    """Stands in for the proxy's unauthenticated ``/health`` (the start-up check GETs it)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[RayAttempts, dict]]:
+def health_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, health_url: str) -> Iterator[tuple[RayAttempts, dict]]:
     """A two-node local cluster (head + one rollout node) through the backend's own start-up."""
     settings = RaySettings(local_sandbox_nodes=1, placement_timeout_seconds=20)
 
     async def enter() -> tuple[object, RayAttempts]:
-        cm = ray_attempts(settings, proxy_url="http://127.0.0.1:9", admin_key=None, out=tmp_path)
+        cm = ray_attempts(settings, proxy_url=health_url, admin_key=None, out=tmp_path)
         return cm, await cm.__aenter__()
 
     loop = asyncio.new_event_loop()
@@ -95,7 +128,7 @@ def _run(attempts: RayAttempts, tmp_path: Path, seconds: float, fail: bool = Fal
     attempts._task = ray.remote(_sleeper).options(resources={"sandbox": 1}, num_cpus=0, max_retries=0)
     (tmp_path / "a0").mkdir(exist_ok=True)
     kwargs = {
-        "base_url": "http://127.0.0.1:9/s/k",
+        "base_url": attempts.driver_proxy_url + "/s/k",
         "attempt_dir": str(tmp_path / "a0"),
         "timeout_seconds": 5,
         "seconds": seconds,
@@ -122,6 +155,24 @@ def test_the_local_cluster_listens_on_loopback_only(cluster: tuple[RayAttempts, 
     assert len(addresses) >= 3, addresses  # the GCS and both raylets at least
     hosts = {a.rsplit(":", 1)[0] for a in addresses}
     assert hosts <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, addresses
+
+
+def test_a_rollout_node_that_cannot_reach_the_proxy_stops_the_start(
+    cluster: tuple[RayAttempts, dict], tmp_path: Path
+) -> None:
+    """The check ``ray_attempts`` runs at start (it passed for the fixture's own proxy): against a
+    closed port, as a loopback proxy URL is from another machine, it names the node, why and the fix."""
+    _, info = cluster
+    settings = RaySettings(placement_timeout_seconds=20)
+    with pytest.raises(InfrastructureFailure) as err:
+        check_rollout_node(tmp_path, settings, "http://127.0.0.1:9")
+    msg = str(err.value)
+    assert "cannot reach the proxy at http://127.0.0.1:9/health" in msg, msg
+    assert info["sandbox_nodes"][0]["node_id"][:12] in msg, msg
+    assert "loopback" in msg and "Fix: scheduler.ray.proxy_url=http://DRIVER_IP:PORT" in msg, msg
+    assert "cannot read" not in msg, msg  # the output folder is shared here: only the proxy fails
+    seen = check_rollout_node(tmp_path, settings, cluster[0].remote_proxy_url)
+    assert seen["node_id"] == info["sandbox_nodes"][0]["node_id"] and seen["proxy_error"] is None
 
 
 def test_node_death_is_an_infrastructure_failure(cluster: tuple[RayAttempts, dict], tmp_path: Path) -> None:
