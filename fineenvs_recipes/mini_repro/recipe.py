@@ -361,10 +361,6 @@ class MiniRepro:
 # --------------------------------------------------------------------------- the table
 
 
-def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def _stage_label(out: Path, key: str) -> str:
     # With the separator: rl_mix's folder is a prefix of rl_mix_nobonus's.
     for stage in CHECKPOINT_STAGES:

@@ -39,9 +39,12 @@ class MiniReproSettings:
     unseen_harnesses: list[str] = field(default_factory=lambda: ["codex"])
     """Harnesses no stage trains in and the teacher never collects in: the ``eval_unseen`` stage
     evaluates every checkpoint in them on the same held-out tasks (does RL across the mix transfer
-    to a harness it never saw? the question the paper left open). Codex: its 9.2k-token first
-    request fits the student's 32k context and its tool (``exec_command``) is named unlike the mix's
-    ``bash`` (experiments/mini_repro/results/). Empty: no ``eval_unseen`` stage."""
+    to a harness it never saw? the question the paper left open). Codex: the cheapest candidate
+    (~6 s an attempt, 9.2k prompt tokens a call), and the student runs to completion there; its shell
+    tool is ``exec_command`` {``cmd``}, not the mix's ``bash`` {``command``}, so near-zero pass@1
+    there may be the tool interface not transferring (``[kilo]``: ``bash`` as in the mix, ~7x slower;
+    experiments/mini_repro/results/2026-12-07-unseen-harness-probe-2core.md). Empty: no
+    ``eval_unseen`` stage."""
     base_harness: str = "pi"
     """The harness the base is mostly trained in (all its training tasks; see ``base_sees_mix``) and
     RL'd in alone.
