@@ -292,11 +292,20 @@ def _check_reuse(name: str, stage_dir: Path, runs: list[list[str]] | None, extra
     done = json.loads((stage_dir / DONE).read_text())
     for key, wanted in (("extra", extra), ("runs", runs)):
         if key in done and wanted is not None and done[key] != wanted:
+            # An evaluation asked for more checkpoints (a run from before rl_mix_nobonus) can be
+            # extended in place: the eval job grades only the cells its attempts.jsonl lacks.
+            extend = (
+                f" For an evaluation that only lacks checkpoints (a run finished before a new stage "
+                f"existed), delete {stage_dir / DONE} and rerun: the graded cells are kept and only the "
+                "new checkpoints' are run."
+                if name in ("eval", "eval_unseen") and key == "runs"
+                else ""
+            )
             raise StageFailed(
                 f"stage {name} in {stage_dir} was finished with other settings: {done[key]}, where this run "
                 f"asks for {wanted}. Reusing it would mix two configurations (another seed, say) in one "
                 "result. Fix: another output_dir for these settings (a sweep gives each job its own "
-                "folder), or rerun with the settings that finished it to resume"
+                "folder), or rerun with the settings that finished it to resume." + extend
             )
 
 

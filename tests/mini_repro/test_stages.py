@@ -192,6 +192,49 @@ def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_
     run_recipe(_load(f"output_dir={tmp_path}", "seed=1", "recipe.stages=[teacher]"))
 
 
+def test_a_run_finished_before_the_control_existed_runs_it_and_asks_before_extending_its_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run folder of the old defaults (no rl_mix_nobonus, no eval_unseen) under the new ones: the
+    finished stages are reused (their commands did not change), the control runs, and the
+    evaluation, which now also lists the control's checkpoint, is refused with the way to extend it."""
+    from fineenvs_recipes.mini_repro import recipe as mini_repro
+
+    run = _load(f"output_dir={tmp_path}", "seed=0")
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in CHECKPOINT_STAGES}
+    new = stage_commands(run.recipe, tmp_path, ckpts)
+    old_ckpts = {s: p for s, p in ckpts.items() if s != "rl_mix_nobonus"}
+    old = stage_commands(run.recipe, tmp_path, old_ckpts)
+    for stage in ("teacher", "base", "rl_one", "rl_mix", "sft_mix"):
+        assert old[stage] == new[stage], stage  # the old stages' commands are what they were
+    for stage in ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval"):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / mini_repro.DONE).write_text(
+            json.dumps({"seconds": 1.0, "runs": old[stage], "extra": ["seed=0"]})
+        )
+
+    def checkpoint(stage: str) -> None:  # what a finished stage leaves: its summary names its checkpoint
+        ckpts[stage].mkdir(parents=True)
+        (tmp_path / stage / "summary.json").write_text(json.dumps({"checkpoint": str(ckpts[stage])}))
+
+    for stage in old_ckpts:
+        checkpoint(stage)
+    ran: list[str] = []
+
+    def fake_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) -> float:
+        ran.append(name)
+        (tmp_path / name).mkdir()
+        checkpoint(name)
+        return 1.0
+
+    monkeypatch.setattr(mini_repro, "_run_stage", fake_stage)
+    with pytest.raises(
+        mini_repro.StageFailed, match=r"stage eval .* other settings.*delete .*eval/STAGE_DONE and rerun"
+    ):
+        run_recipe(run)
+    assert ran == ["rl_mix_nobonus"]
+
+
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
     """Bad knobs fail at compose time (``dry_run=true`` shows them), before any stage runs."""
     with pytest.raises(ConfigError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
