@@ -15,10 +15,15 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
              ``sft_mix_tasks``, which are held out for the SFT baseline);
 ``rl_one``   GRPO from the base in ``base_harness`` alone;
 ``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, shuffled);
+``rl_mix_nobonus``  ``rl_mix`` with ``reward=correctness``: the tool bonus's control (same base,
+             seed, steps and everything else);
 ``sft_mix``  SFT from the base on the teacher's rollouts of the first ``sft_mix_tasks`` training
              tasks of every harness (held out of the base outside ``base_harness``);
-``eval``     every checkpoint (base, rl_one, rl_mix, sft_mix) × harness on held-out eval tasks;
-``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the table.
+``eval``     every checkpoint (base, rl_one, rl_mix, rl_mix_nobonus, sft_mix) × harness of the mix
+             on held-out eval tasks;
+``eval_unseen``  the same checkpoints and tasks in ``unseen_harnesses``, which no stage trained in;
+``report``   ``python -m fineenvs.report`` over the stages, and ``mini_repro.md``: the matrix, the
+             paired tests, tool calls on co-solved cells, the issue's targets (``stats.py``).
 
 Every stage gets the recipe's ``seed`` (the SFT stages' data order, the engine's sampling; the
 student's initial weights are ``model.seed``'s, RL's task and harness order ``scheduler.seed``'s).
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +52,12 @@ from omegaconf import OmegaConf
 from fineenvs.config import RunConfig
 from fineenvs.jobs.errors import StageFailed
 from fineenvs.jsonl import read_jsonl
-from fineenvs.results import deciding_attempts, paired, read_attempts, sign_test_p, wilson
+from fineenvs.results import EvalAttempt, deciding_attempts, paired, read_attempts, sign_test_p, wilson
+from fineenvs_recipes.mini_repro import stats
 from fineenvs_recipes.mini_repro.settings import RL_BATCH as _RL_BATCH
 from fineenvs_recipes.mini_repro.settings import STAGES, MiniReproSettings
 
-CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "sft_mix")
+CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "rl_mix_nobonus", "sft_mix")
 DONE = "STAGE_DONE"
 
 
@@ -178,6 +185,11 @@ def stage_commands(
     if base is not None:
         commands["rl_one"] = [[*_rl_overrides(m, [m.base_harness], base), *engine]]
         commands["rl_mix"] = [[*_rl_overrides(m, list(m.harnesses), base), *engine]]
+        # The bonus's control: rl_mix to the letter but for the reward (correctness alone), so the
+        # report can tell the bonus's tool-call cut from what any RL (or SFT) does to call counts.
+        commands["rl_mix_nobonus"] = [
+            [*_rl_overrides(m, list(m.harnesses), base), "reward=correctness", *engine]
+        ]
         commands["sft_mix"] = [
             [
                 *_sft_overrides(
@@ -194,18 +206,24 @@ def stage_commands(
         ]
     ready = [checkpoints[s] for s in CHECKPOINT_STAGES if s in checkpoints]
     if ready:
-        commands["eval"] = [
-            [
+
+        def evaluate(harnesses: list[str]) -> list[str]:
+            return [
                 "job=eval",
                 "trainer=grpo",
-                f"harness={_list(list(m.harnesses))}",
+                f"harness={_list(harnesses)}",
                 f"eval.checkpoints={_list([str(p) for p in ready])}",
                 "eval.split=eval",
                 f"eval.limit={m.eval_tasks if m.eval_tasks is not None else 'null'}",
                 *engine,
                 "engine.weight_sync=none",
             ]
-        ]
+
+        commands["eval"] = [evaluate(list(m.harnesses))]
+        # A stage of its own, not more harnesses in eval's: a finished eval stays reusable, and a
+        # recipe that lists its stages (the learning test) evaluates exactly what it did before.
+        if m.unseen_harnesses:
+            commands["eval_unseen"] = [evaluate(list(m.unseen_harnesses))]
     return commands
 
 
@@ -274,11 +292,20 @@ def _check_reuse(name: str, stage_dir: Path, runs: list[list[str]] | None, extra
     done = json.loads((stage_dir / DONE).read_text())
     for key, wanted in (("extra", extra), ("runs", runs)):
         if key in done and wanted is not None and done[key] != wanted:
+            # An evaluation asked for more checkpoints (a run from before rl_mix_nobonus) can be
+            # extended in place: the eval job grades only the cells its attempts.jsonl lacks.
+            extend = (
+                f" For an evaluation that only lacks checkpoints (a run finished before a new stage "
+                f"existed), delete {stage_dir / DONE} and rerun: the graded cells are kept and only the "
+                "new checkpoints' are run."
+                if name in ("eval", "eval_unseen") and key == "runs"
+                else ""
+            )
             raise StageFailed(
                 f"stage {name} in {stage_dir} was finished with other settings: {done[key]}, where this run "
                 f"asks for {wanted}. Reusing it would mix two configurations (another seed, say) in one "
                 "result. Fix: another output_dir for these settings (a sweep gives each job its own "
-                "folder), or rerun with the settings that finished it to resume"
+                "folder), or rerun with the settings that finished it to resume." + extend
             )
 
 
@@ -323,6 +350,8 @@ class MiniRepro:
         elif stage == "report":
             report_dir = write_report(out, self.settings)
             print(f"mini_repro: report in {report_dir}", flush=True)
+        elif stage == "eval_unseen" and not self.settings.unseen_harnesses:
+            print("mini_repro: eval_unseen skipped (recipe.unseen_harnesses is empty)", flush=True)
         else:
             if runs is None:
                 raise StageFailed(
@@ -341,60 +370,179 @@ class MiniRepro:
 # --------------------------------------------------------------------------- the table
 
 
-def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def _stage_label(out: Path, key: str) -> str:
+    # With the separator: rl_mix's folder is a prefix of rl_mix_nobonus's.
     for stage in CHECKPOINT_STAGES:
-        if f"/{stage}/checkpoints/" in key or str(out / stage) in key:
+        if f"/{stage}/checkpoints/" in key or (str(out / stage) + "/") in key:
             return stage
     return key
 
 
-def summary_table(out: Path) -> str:
-    """``mini_repro.md``: pass@1 (95% Wilson interval over tasks) per checkpoint × harness, tool
-    calls on co-solved cells, rows per attempt, ``train/ratio``, signal accounting, wall time."""
-    lines: list[str] = []
-    results_path = out / "eval" / "eval" / "results.json"
-    if results_path.is_file():
-        r = json.loads(results_path.read_text())
-        harnesses, n = r["harnesses"], r["tasks"]
+@dataclass
+class EvalData:
+    """A run's evaluation, the mix (stage ``eval``) and the unseen harnesses (``eval_unseen``) together:
+    cells from each stage's ``results.json``, deciding attempts by stage name for the paired
+    statistics."""
+
+    mix: list[str]
+    unseen: list[str]
+    tasks: int
+    keys: list[str]
+    """Checkpoint paths, in the evaluation's order (the base first)."""
+    cells: dict[str, dict[str, dict[str, Any]]]
+    task_ids: list[str]
+    finals: dict[str, dict[tuple[str, str], EvalAttempt]]
+    attempts: list[dict[str, Any]]
+
+
+def eval_data(out: Path) -> EvalData | None:
+    """The run's evaluation, or None before its ``eval`` stage wrote ``results.json``."""
+    path = out / "eval" / "eval" / "results.json"
+    if not path.is_file():
+        return None
+    r = json.loads(path.read_text())
+    mix = list(r["harnesses"])
+    cells = {k: dict(v) for k, v in r["cells"].items()}
+    raw = read_jsonl(out / "eval" / "eval" / "attempts.jsonl")
+    attempts = read_attempts(out / "eval" / "eval" / "attempts.jsonl")
+    unseen: list[str] = []
+    unseen_path = out / "eval_unseen" / "eval" / "results.json"
+    if unseen_path.is_file():
+        u = json.loads(unseen_path.read_text())
+        unseen = [h for h in u["harnesses"] if h not in mix]
+        for key, by_h in u["cells"].items():
+            cells.setdefault(key, {}).update({h: c for h, c in by_h.items() if h in unseen})
+        more = out / "eval_unseen" / "eval" / "attempts.jsonl"
+        raw += [a for a in read_jsonl(more) if a.get("harness") in unseen]
+        attempts += [a for a in read_attempts(more) if a.harness in unseen]
+    finals = deciding_attempts(attempts)
+    return EvalData(
+        mix=mix,
+        unseen=unseen,
+        tasks=r["tasks"],
+        keys=list(r["checkpoints"]),
+        cells=cells,
+        task_ids=sorted({a.task_id for a in attempts if a.harness in mix}),
+        finals={_stage_label(out, k): finals.get(k, {}) for k in r["checkpoints"]},
+        attempts=raw,
+    )
+
+
+def _pass_cell(solved: int, n: int) -> str:
+    lo, hi = wilson(solved, n)
+    return f"{solved / n:.2f} [{lo:.2f}, {hi:.2f}]" if n else "-"
+
+
+def _matrix(out: Path, ev: EvalData) -> list[str]:
+    n, mix, unseen = ev.tasks, ev.mix, ev.unseen
+    lines = [
+        f"pass@1 on {n} held-out eval tasks per harness (95% Wilson interval over tasks)"
+        + (
+            f"; all: the mix; {', '.join(unseen)} unseen (no stage trained in it, the teacher never collected in it)"
+            if unseen
+            else ""
+        )
+        + ":",
+        "",
+        "| checkpoint | " + " | ".join([*mix, "all", *(f"{h} (unseen)" for h in unseen)]) + " |",
+        "|---" * (len(mix) + len(unseen) + 2) + "|",
+    ]
+    for key in ev.keys:
+        row = [_pass_cell(ev.cells[key][h]["solved"], n) for h in mix]
+        row.append(_pass_cell(sum(ev.cells[key][h]["solved"] for h in mix), n * len(mix)))
+        row += [_pass_cell(ev.cells[key][h]["solved"], n) if h in ev.cells[key] else "-" for h in unseen]
+        lines.append(f"| {_stage_label(out, key)} | " + " | ".join(row) + " |")
+    return lines
+
+
+# Tool calls on co-solved cells: each checkpoint against the base, and the bonus against its control.
+CALL_PAIRS = (
+    ("rl_one", "base"), ("rl_mix", "base"), ("rl_mix_nobonus", "base"), ("sft_mix", "base"),
+    ("rl_mix", "rl_mix_nobonus"),
+)  # fmt: skip
+
+
+def _calls_table(ev: EvalData) -> list[str]:
+    columns = [*ev.mix, "all", *(f"{h} (unseen)" for h in ev.unseen)]
+    lines = [
+        "",
+        "Tool calls on co-solved cells (cells both checkpoints solved): the second's mean → the first's, "
+        "the change in the mean, and its 95 % paired bootstrap interval over the co-solved cells "
+        f"({stats.BOOTSTRAP_RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}; "
+        "fineenvs_recipes/mini_repro/stats.py):",
+        "",
+        "| comparison | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+    headline = None
+    for a, b in CALL_PAIRS:
+        if a not in ev.finals or b not in ev.finals:
+            continue
+        fa, fb = ev.finals[a], ev.finals[b]
+        row = []
+        for col in [*ev.mix, None, *ev.unseen]:
+            hs = [col] if col else ev.mix
+            r = stats.call_ratio(stats.co_solved_calls(fa, fb, hs))
+            row.append(stats.format_change(r))
+            if col is None and (a, b) == ("rl_mix", "rl_mix_nobonus"):
+                headline = r
+        lines.append(f"| {a} vs {b} | " + " | ".join(row) + " |")
+    if headline is not None and headline.change is not None:
+        word = "fewer" if headline.change < 0 else "more"
         lines += [
-            f"pass@1 on {n} held-out eval tasks per harness (95% Wilson interval over tasks):",
             "",
-            "| checkpoint | " + " | ".join(harnesses) + " | all |",
-            "|---" * (len(harnesses) + 2) + "|",
+            f"**The tool bonus against its control:** rl_mix (bonus) uses {abs(headline.change) * 100:.0f} % "
+            f"{word} tool calls than rl_mix_nobonus on {headline.cells} co-solved cells of the mix "
+            f"[95 % CI {(headline.low or 0) * 100:+.0f} %, {(headline.high or 0) * 100:+.0f} %]; fewer in "
+            f"{headline.fewer} cells, more in {headline.more}.",
         ]
-        for key in r["checkpoints"]:
-            cells = []
-            for h in harnesses:
-                solved = r["cells"][key][h]["solved"]
-                lo, hi = wilson(solved, n)
-                cells.append(f"{solved / n:.2f} [{lo:.2f}, {hi:.2f}]" if n else "-")
-            total = sum(r["cells"][key][h]["solved"] for h in harnesses)
-            lo, hi = wilson(total, n * len(harnesses))
-            all_cell = f"{r['overall'][key]:.2f} [{lo:.2f}, {hi:.2f}]"
-            lines.append(f"| {_stage_label(out, key)} | " + " | ".join(cells) + f" | {all_cell} |")
-        lines += ["", "Tool calls on co-solved cells (against the base):", ""]
-        for pair, detail in r.get("co_solved", {}).items():
-            a, b = pair.split(" vs ")
-            red = detail.get("reduction")
-            lines.append(
-                f"- {_stage_label(out, a)} vs base: {detail['cells']} cells, "
-                f"{_num(detail['mean_tool_calls_base'])} → {_num(detail['mean_tool_calls'])} tool calls"
-                + (f" ({-red * 100:+.0f}%)" if red is not None else "")
-            )
-        lines += _paired_table(out, r)
-        lines += ["", "Prompt tokens of an attempt's first call, per harness (eval, base):", ""]
-        attempts = read_jsonl(out / "eval" / "eval" / "attempts.jsonl")
-        first = r["checkpoints"][0] if r["checkpoints"] else None
-        for h in harnesses:
-            mine = [a for a in attempts if a.get("harness") == h and a.get("checkpoint") == first]
+    return lines
+
+
+def _base_harness(out: Path, given: str | None, mix: list[str]) -> str:
+    """The harness rl_one trained in: given, else from rl_one's ``STAGE_DONE``, else the first."""
+    if given:
+        return given
+    done = out / "rl_one" / DONE
+    if done.is_file():
+        runs: list[list[str]] = json.loads(done.read_text()).get("runs", [[]])
+        for o in runs[0]:
+            if o.startswith("harness=["):
+                return str(o[len("harness=[") : -1].split(",")[0])
+    return mix[0]
+
+
+def summary_table(out: Path, base_harness: str | None = None) -> str:
+    """``mini_repro.md``: pass@1 (95% Wilson interval over tasks) per checkpoint × harness (the
+    unseen harnesses apart), the paired tests, tool calls on co-solved cells with intervals, the
+    issue's targets (1)-(6), rows per attempt, ``train/ratio``, signal accounting, wall time."""
+    lines: list[str] = []
+    ev = eval_data(out)
+    if ev is not None:
+        lines += _matrix(out, ev)
+        lines += _paired_table(ev)
+        lines += _calls_table(ev)
+        found = stats.targets(
+            ev.finals, ev.task_ids, ev.mix, ev.unseen, _base_harness(out, base_harness, ev.mix)
+        )
+        lines += ["", "Targets for one run (issue 36; each test fixed in stats.py, never tuned):", ""]
+        lines += stats.targets_table(found)
+        lines += [
+            "",
+            "Prompt tokens per model call and seconds per attempt, per harness (eval, base; medians over attempts):",
+            "",
+        ]
+        first = ev.keys[0] if ev.keys else None
+        for h in [*ev.mix, *ev.unseen]:
+            mine = [a for a in ev.attempts if a.get("harness") == h and a.get("checkpoint") == first]
             per_call = [a["prompt_tokens"] / a["model_calls"] for a in mine if a.get("model_calls")]
+            seconds = [float(a.get("duration_seconds", 0.0)) for a in mine]
             if per_call:
-                lines.append(f"- {h}: {statistics.median(per_call):.0f} prompt tokens per call (median)")
-    for stage in ("rl_one", "rl_mix"):
+                lines.append(
+                    f"- {h}: {statistics.median(per_call):.0f} prompt tokens per call, "
+                    f"{statistics.median(seconds):.0f} s per attempt"
+                )
+    for stage in ("rl_one", "rl_mix", "rl_mix_nobonus"):
         metrics = read_jsonl(out / stage / "metrics.jsonl")
         attempts = read_jsonl(out / stage / "attempts.jsonl")
         if not metrics and not attempts:
@@ -429,47 +577,51 @@ def summary_table(out: Path) -> str:
         if done.is_file():
             times.append(f"{stage} {json.loads(done.read_text())['seconds']:.0f}s")
     if times:
-        lines += ["", "Wall time per stage: " + ", ".join(times)]
+        total = sum(
+            json.loads((out / s / DONE).read_text())["seconds"] for s in STAGES if (out / s / DONE).is_file()
+        )
+        lines += ["", "Wall time per stage: " + ", ".join(times) + f"; all {total / 60:.0f} min"]
     return "\n".join(lines) + "\n"
 
 
 # The published comparisons: each later checkpoint against the base, RL against SFT on the mix,
-# and RL across the mix against RL in one harness.
+# and RL across the mix against RL in one harness; then the bonus's control against both.
 PAIRS = (
     ("rl_one", "base"), ("rl_mix", "base"), ("sft_mix", "base"),
     ("rl_one", "sft_mix"), ("rl_mix", "sft_mix"), ("rl_mix", "rl_one"),
+    ("rl_mix_nobonus", "base"), ("rl_mix", "rl_mix_nobonus"),
 )  # fmt: skip
 
 
-def _paired_counts(out: Path, r: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """``PAIRS`` on one evaluation's cells, from its attempt records (``results.paired``)."""
-    harnesses = r["harnesses"]
-    attempts = [a for a in read_attempts(out / "eval" / "eval" / "attempts.jsonl") if a.harness in harnesses]
-    finals = deciding_attempts(attempts)
-    by_stage = {_stage_label(out, key): finals.get(key, {}) for key in r["checkpoints"]}
-    task_ids = sorted({a.task_id for a in attempts})
-    return {
-        (a, b): paired(by_stage[b], by_stage[a], task_ids, harnesses)
-        for a, b in PAIRS
-        if a in by_stage and b in by_stage
-    }
+def _paired_counts(ev: EvalData) -> dict[tuple[str, str], dict[str, Any]]:
+    """``PAIRS`` on one evaluation's cells (``results.paired``): won / lost over the mix, and per
+    harness of the mix and the unseen ones."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for a, b in PAIRS:
+        if a in ev.finals and b in ev.finals:
+            d = paired(ev.finals[b], ev.finals[a], ev.task_ids, ev.mix)
+            for h in ev.unseen:
+                d["per_harness"][h] = paired(ev.finals[b], ev.finals[a], ev.task_ids, [h])
+            out[(a, b)] = d
+    return out
 
 
-def _paired_header(harnesses: list[str], extra: str = "") -> list[str]:
+def _paired_header(harnesses: list[str], extra: str = "", unseen: list[str] | None = None) -> list[str]:
+    columns = [*harnesses, "all", *(f"{h} (unseen)" for h in unseen or [])]
     return [
         "",
         "Paired (cells the first checkpoint solved and the second did not: won / lost; one-sided exact sign test):",
         "",
-        "| comparison | " + " | ".join(harnesses) + " | all |" + extra,
-        "|---" * (len(harnesses) + 2 + bool(extra)) + "|",
+        "| comparison | " + " | ".join(columns) + " |" + extra,
+        "|---" * (len(columns) + 1 + bool(extra)) + "|",
     ]
 
 
-def _paired_table(out: Path, r: dict[str, Any]) -> list[str]:
-    harnesses = r["harnesses"]
-    lines = _paired_header(harnesses)
-    for (a, b), d in _paired_counts(out, r).items():
-        cells = [_won_lost(d["per_harness"][h]) for h in harnesses] + [_won_lost(d)]
+def _paired_table(ev: EvalData) -> list[str]:
+    lines = _paired_header(ev.mix, unseen=ev.unseen)
+    for (a, b), d in _paired_counts(ev).items():
+        cells = [_won_lost(d["per_harness"][h]) for h in ev.mix] + [_won_lost(d)]
+        cells += [_won_lost(d["per_harness"][h]) for h in ev.unseen]
         lines.append(f"| {a} vs {b} | " + " | ".join(cells) + " |")
     return lines
 
@@ -504,6 +656,8 @@ def pooled_table(outs: list[Path]) -> str:
     runs_of: dict[str, int] = defaultdict(int)
     pairs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     co: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # cells, base calls, calls
+    bonus: list[tuple[float, float]] = []  # co-solved (rl_mix, rl_mix_nobonus) calls of every run
+    found: list[list[stats.Target]] = []
     for out, r in runs:
         if list(r["harnesses"]) != harnesses:
             raise ValueError(
@@ -516,8 +670,15 @@ def pooled_table(outs: list[Path]) -> str:
             for h in harnesses:
                 solved[stage][h][0] += r["cells"][key][h]["solved"]
                 solved[stage][h][1] += r["tasks"]
-        for pair, d in _paired_counts(out, r).items():
+        ev = eval_data(out)
+        assert ev is not None  # runs come with results.json
+        for pair, d in _paired_counts(ev).items():
             pairs[pair].append(d)
+        if "rl_mix" in ev.finals and "rl_mix_nobonus" in ev.finals:
+            bonus += stats.co_solved_calls(ev.finals["rl_mix"], ev.finals["rl_mix_nobonus"], ev.mix)
+        found.append(
+            stats.targets(ev.finals, ev.task_ids, ev.mix, ev.unseen, _base_harness(out, None, ev.mix))
+        )
         for pair, detail in r.get("co_solved", {}).items():
             if detail.get("mean_tool_calls") is None or detail.get("mean_tool_calls_base") is None:
                 continue
@@ -566,6 +727,24 @@ def pooled_table(outs: list[Path]) -> str:
                 f"- {stage} vs base: {n:.0f} cells, {base_calls / n:.2f} → {calls / n:.2f} tool calls "
                 f"({(calls - base_calls) / base_calls * 100:+.0f}%)"
             )
+    if bonus:
+        lines.append(
+            "- rl_mix vs rl_mix_nobonus (the bonus against its control; the interval resamples the "
+            f"runs' co-solved cells together): {stats.format_change(stats.call_ratio(bonus))}"
+        )
+    lines += [
+        "",
+        "Targets (issue 36) in each run, and in how many runs each holds (the sweep's target: (1)-(5) "
+        "in at least two of three):",
+        "",
+        "| target | " + " | ".join(o.name for o, _ in runs) + " | runs reached |",
+        "|---" * (len(runs) + 2) + "|",
+    ]
+    for i, t in enumerate(found[0]):
+        statuses = [f[i].status for f in found]
+        reached = sum(1 for x in statuses if x == "reached")
+        counted = "-" if t.number == 6 else f"{reached} of {len(runs)}"
+        lines.append(f"| ({t.number}) | " + " | ".join(statuses) + f" | {counted} |")
     times = []
     for out, _ in runs:
         done = [out / stage / DONE for stage in STAGES]

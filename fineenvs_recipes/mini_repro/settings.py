@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fineenvs.config import Recipe, RunConfig
 
-STAGES = ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval", "report")
+STAGES = (
+    "teacher", "base", "rl_one", "rl_mix", "rl_mix_nobonus", "sft_mix", "eval", "eval_unseen", "report"
+)  # fmt: skip
 RL_BATCH = 4
 """Rows per forward/backward pass of the mini-reproduction's RL stages."""
 
@@ -28,8 +30,21 @@ class MiniReproSettings:
     whose ``STAGE_DONE`` file exists is skipped, so a rerun resumes."""
 
     stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """The stages to run, in ``STAGES``' order. ``rl_mix_nobonus`` is ``rl_mix`` with
+    ``reward=correctness``: the tool bonus's control (same base, seed and steps), against which the
+    report measures the bonus's tool-call cut; ``eval_unseen`` evaluates every checkpoint in
+    ``unseen_harnesses``."""
     harnesses: list[str] = field(default_factory=lambda: ["pi", "mini_swe_agent", "opencode"])
     """The mix (teacher collection, RL across harnesses, SFT on the mix, evaluation)."""
+    unseen_harnesses: list[str] = field(default_factory=lambda: ["codex"])
+    """Harnesses no stage trains in and the teacher never collects in: the ``eval_unseen`` stage
+    evaluates every checkpoint in them on the same held-out tasks (does RL across the mix transfer
+    to a harness it never saw? the question the paper left open). Codex: the cheapest candidate
+    (~6 s an attempt, 9.2k prompt tokens a call), and the student runs to completion there; its shell
+    tool is ``exec_command`` {``cmd``}, not the mix's ``bash`` {``command``}, so near-zero pass@1
+    there may be the tool interface not transferring (``[kilo]``: ``bash`` as in the mix, ~7x slower;
+    experiments/mini_repro/results/2026-12-07-unseen-harness-probe-2core.md). Empty: no
+    ``eval_unseen`` stage."""
     base_harness: str = "pi"
     """The harness the base is mostly trained in (all its training tasks; see ``base_sees_mix``) and
     RL'd in alone.
@@ -126,6 +141,13 @@ class MiniReproSettings:
                     f"stage trains on the teacher's first {self.sft_mix_tasks} {self.base_harness} rollouts. Fix: "
                     "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
                 )
+        seen = [h for h in self.unseen_harnesses if h in self.harnesses]
+        if seen:
+            p.append(
+                f"recipe.unseen_harnesses has {seen}, which recipe.harnesses={self.harnesses} trains in: an "
+                "unseen harness is one no stage trains in and the teacher never collects in. Fix: remove "
+                "it from one of the two lists"
+            )
         if self.base_harness not in self.harnesses:
             p.append(
                 f"recipe.base_harness={self.base_harness} is not in recipe.harnesses={self.harnesses}: the base "

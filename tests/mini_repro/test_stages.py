@@ -24,7 +24,7 @@ from fineenvs.jobs.recipe import run_recipe
 from fineenvs.jobs.rl import in_training_eval_due
 from fineenvs.paths import CONF_DIR
 from fineenvs.results import wilson
-from fineenvs_recipes.mini_repro.recipe import STAGES, stage_commands, summary_table
+from fineenvs_recipes.mini_repro.recipe import CHECKPOINT_STAGES, STAGES, stage_commands, summary_table
 
 
 def _load(*overrides: str) -> RunConfig:
@@ -37,9 +37,10 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     run = _load(f"output_dir={tmp_path}")
     assert run.job is Job.recipe and list(run.harness) == run.recipe.harnesses
     base = tmp_path / "base" / "checkpoints" / "step-9"
-    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in CHECKPOINT_STAGES}
     commands = stage_commands(run.recipe, tmp_path, ckpts)
     assert set(commands) == set(STAGES) - {"report"}
+    assert run.recipe.unseen_harnesses == ["codex"] and "codex" not in run.recipe.harnesses
     runs = {
         name: [_load(*o, f"output_dir={tmp_path / name}") for o in overrides]
         for name, overrides in commands.items()
@@ -77,13 +78,18 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert len(lt_runs["teacher"]) == 1 and "tasks.limit=null" in lt_runs["teacher"][0]
     (b_lt,) = [_load(*o, f"output_dir={tmp_path / 'blt'}") for o in lt_runs["base"]]
     assert b_lt.trainer.rollout_slices == {} and list(b_lt.harness) == ["pi"]
-    for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", ["pi", "mini_swe_agent", "opencode"])):
+    mix = ["pi", "mini_swe_agent", "opencode"]
+    for name, harnesses in (("rl_one", ["pi"]), ("rl_mix", mix), ("rl_mix_nobonus", mix)):
         (r,) = runs[name]
         assert r.job is Job.rl and isinstance(r.trainer, GRPOSettings) and r.engine.policy == "model"
         assert r.model.source is ModelSource.local and r.model.path == str(base)
         assert list(r.harness) == harnesses and r.eval.split == "eval" and r.tasks.split == "train"
         assert r.sampling.temperature == 0.8 and r.sampling.top_p == 1.0 and r.trainer.dynamic_sampling
-        assert r.reward.terms == {"correctness": 1.0, "tool_efficiency": 0.1}
+        # The bonus's control differs from rl_mix in the reward alone.
+        bonus = (
+            {"correctness": 1.0} if name == "rl_mix_nobonus" else {"correctness": 1.0, "tool_efficiency": 0.1}
+        )
+        assert r.reward.terms == bonus
         # The learning test's RL (run K): groups of 8, all in flight at once, 24 rows per step at
         # lr 1e-4, a step ends after 12 groups drawn.
         assert r.trainer.dynamic_sampling_max_groups == 12
@@ -114,7 +120,20 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
     assert s.trainer.num_train_epochs == run.recipe.sft_mix_epochs
     (e,) = runs["eval"]
     assert e.job is Job.eval and e.eval.checkpoints == [str(p) for p in ckpts.values()]
-    assert e.eval.split == "eval" and len(e.harness) == 3
+    assert e.eval.split == "eval" and list(e.harness) == mix
+    # The unseen harness: every checkpoint on the same tasks, in a stage of its own.
+    (u,) = runs["eval_unseen"]
+    assert u.job is Job.eval and u.eval.checkpoints == e.eval.checkpoints and list(u.harness) == ["codex"]
+    assert (u.eval.split, u.eval.limit) == (e.eval.split, e.eval.limit) == ("eval", 36)
+    # The control is the same RL run to the letter but for the reward.
+    nobonus, with_bonus = commands["rl_mix_nobonus"][0], commands["rl_mix"][0]
+    assert [o for o in nobonus if o not in with_bonus] == ["reward=correctness"]
+    assert [o for o in with_bonus if o not in nobonus] == []
+    # Without unseen harnesses there is no eval_unseen stage; the learning test's stages are unchanged.
+    assert "eval_unseen" not in stage_commands(replace(run.recipe, unseen_harnesses=[]), tmp_path, ckpts)
+    lt_ckpts = {s: ckpts[s] for s in ("base", "rl_one")}
+    lt_eval = stage_commands(lt, tmp_path, lt_ckpts)["eval"][0]
+    assert f"eval.checkpoints=[{ckpts['base']},{ckpts['rl_one']}]" in lt_eval and "harness=[pi]" in lt_eval
 
 
 def test_the_expert_never_trains_and_bad_stage_settings_are_refused() -> None:
@@ -173,6 +192,49 @@ def test_a_finished_stage_is_reused_only_with_the_settings_that_finished_it(tmp_
     run_recipe(_load(f"output_dir={tmp_path}", "seed=1", "recipe.stages=[teacher]"))
 
 
+def test_a_run_finished_before_the_control_existed_runs_it_and_asks_before_extending_its_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run folder of the old defaults (no rl_mix_nobonus, no eval_unseen) under the new ones: the
+    finished stages are reused (their commands did not change), the control runs, and the
+    evaluation, which now also lists the control's checkpoint, is refused with the way to extend it."""
+    from fineenvs_recipes.mini_repro import recipe as mini_repro
+
+    run = _load(f"output_dir={tmp_path}", "seed=0")
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in CHECKPOINT_STAGES}
+    new = stage_commands(run.recipe, tmp_path, ckpts)
+    old_ckpts = {s: p for s, p in ckpts.items() if s != "rl_mix_nobonus"}
+    old = stage_commands(run.recipe, tmp_path, old_ckpts)
+    for stage in ("teacher", "base", "rl_one", "rl_mix", "sft_mix"):
+        assert old[stage] == new[stage], stage  # the old stages' commands are what they were
+    for stage in ("teacher", "base", "rl_one", "rl_mix", "sft_mix", "eval"):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / mini_repro.DONE).write_text(
+            json.dumps({"seconds": 1.0, "runs": old[stage], "extra": ["seed=0"]})
+        )
+
+    def checkpoint(stage: str) -> None:  # what a finished stage leaves: its summary names its checkpoint
+        ckpts[stage].mkdir(parents=True)
+        (tmp_path / stage / "summary.json").write_text(json.dumps({"checkpoint": str(ckpts[stage])}))
+
+    for stage in old_ckpts:
+        checkpoint(stage)
+    ran: list[str] = []
+
+    def fake_stage(name: str, runs: list[list[str]], out: Path, extra: list[str]) -> float:
+        ran.append(name)
+        (tmp_path / name).mkdir()
+        checkpoint(name)
+        return 1.0
+
+    monkeypatch.setattr(mini_repro, "_run_stage", fake_stage)
+    with pytest.raises(
+        mini_repro.StageFailed, match=r"stage eval .* other settings.*delete .*eval/STAGE_DONE and rerun"
+    ):
+        run_recipe(run)
+    assert ran == ["rl_mix_nobonus"]
+
+
 def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
     """Bad knobs fail at compose time (``dry_run=true`` shows them), before any stage runs."""
     with pytest.raises(ConfigError, match="rl_rows_per_step=10.*Fix: a multiple of 4"):
@@ -183,6 +245,8 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
         _load(f"output_dir={tmp_path}", "recipe.teacher_tasks=12")
     with pytest.raises(ConfigError, match=r"stages has \['tune'\]; choose from"):
         _load(f"output_dir={tmp_path}", "recipe.stages=[teacher,tune]")
+    with pytest.raises(ConfigError, match=r"unseen_harnesses has \['opencode'\].*Fix"):
+        _load(f"output_dir={tmp_path}", "recipe.unseen_harnesses=[opencode]")
     assert not (tmp_path / "teacher").exists()
 
 
@@ -206,14 +270,19 @@ def test_wilson_interval_and_table(tmp_path: Path) -> None:
     # The paired table comes from the attempt records: rl_one solved t3-t5 where base did not, lost none.
     records = [
         {"checkpoint": key, "task_id": f"t{i}", "harness": "pi", "try_index": 0, "attempt_id": f"{n}-t{i}",
-         "reward": 1.0 if (i < 3 or n == "rl_one") else 0.0}
+         "reward": 1.0 if (i < 3 or n == "rl_one") else 0.0, "tool_calls": 2 if n == "base" else 1}
         for n, key in zip(["base", "rl_one"], keys, strict=True) for i in range(6)
     ]  # fmt: skip
     (tmp_path / "eval" / "eval" / "attempts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     table = summary_table(tmp_path)
     assert "| base | 0.50 [0.19, 0.81] | 0.50 [0.19, 0.81] |" in table
     assert "| rl_one vs base | 3 / 0 (p = 0.12) | 3 / 0 (p = 0.12) |" in table
-    assert "| rl_one | 1.00 [0.61, 1.00]" in table and "2.00 → 1.00 tool calls (-50%)" in table
+    assert "| rl_one | 1.00 [0.61, 1.00]" in table
+    # Co-solved: t0-t2, 2 calls for the base and 1 for rl_one on each.
+    assert (
+        "| rl_one vs base | 3 cells: 2.00 → 1.00, -50 % [-50, -50] | 3 cells: 2.00 → 1.00, -50 % [-50, -50] |"
+        in table
+    )
 
 
 def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_its_expert(
@@ -228,12 +297,12 @@ def test_the_recipe_on_vllm_serves_the_student_with_vllm_and_the_teacher_with_it
     engine = engine_overrides(run)
     assert engine == ["engine=vllm", "engine.enable_prefix_caching=true"]
     assert engine_overrides(_load(f"output_dir={tmp_path}")) == []
-    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in ("base", "rl_one", "rl_mix", "sft_mix")}
+    ckpts = {s: tmp_path / s / "checkpoints" / "step-9" for s in CHECKPOINT_STAGES}
     commands = stage_commands(run.recipe, tmp_path, ckpts, engine)
     for name, overrides in commands.items():
         for o in overrides:
             stage = _load(*o, f"output_dir={tmp_path / name}")
-            served_by_vllm = name in ("rl_one", "rl_mix", "eval")
+            served_by_vllm = name in ("rl_one", "rl_mix", "rl_mix_nobonus", "eval", "eval_unseen")
             assert (stage.engine.kind is EngineKind.vllm) is served_by_vllm, name
             if served_by_vllm:
                 assert stage.engine.enable_prefix_caching and stage.model.name == "tiny_agent"
