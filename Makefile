@@ -6,7 +6,7 @@ PYTEST := $(PY) -m pytest
 # default tier does not run them; .ci/run installs them meanwhile.
 HARNESSES ?= all
 
-.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-containers test-vllm test-ray test-gpu test-learning check docs house bench
+.PHONY: help setup vllm smoke smoke-vllm test test-slow test-harness test-containers test-vllm test-ray test-slurm test-gpu test-learning check docs house bench
 
 help:
 	@echo "make smoke        install everything, run the CPU smoke job (+experiment=smoke)"
@@ -18,6 +18,7 @@ help:
 	@echo "make test-containers the docker sandbox on a real dockerd (started and stopped here; installs docker.io)"
 	@echo "make test-vllm    real vLLM (CPU build): serving, both weight syncs, parity gate, smoke runs; 0.33's parser"
 	@echo "make test-ray     attempts on a local Ray cluster (scheduler.backend=ray): node death, SIGTERM, smoke run"
+	@echo "make test-slurm   scripts/slurm/ray_cluster.sbatch on a one-node SLURM started here (installs slurm-wlm, munge)"
 	@echo "make test-gpu     vLLM contract suite and launch checks (GPU machine)"
 	@echo "make test-learning the reduced mini-reproduction: RL must raise held-out pass@1 (16-38 min)"
 	@echo "make check        ruff + mypy + the docs build"
@@ -68,6 +69,13 @@ test-ray: setup
 	$(PY) -c "import ray" 2>/dev/null || $(VENV)/bin/pip install -q 'ray==2.60.0'
 	scripts/dockerd.sh start
 	RAY_USAGE_STATS_ENABLED=0 $(PYTEST) -q -m ray --durations=15; status=$$?; scripts/dockerd.sh stop; exit $$status
+
+# The SLURM template for real: a one-node SLURM on this machine (scripts/slurm/local_slurm.sh,
+# state in /tmp/fineenvs-slurm), started and stopped here like dockerd for test-ray.
+test-slurm: setup
+	$(PY) -c "import ray" 2>/dev/null || $(VENV)/bin/pip install -q 'ray==2.60.0'
+	scripts/slurm/local_slurm.sh start
+	RAY_USAGE_STATS_ENABLED=0 $(PYTEST) -q -m slurm --durations=15; status=$$?; scripts/slurm/local_slurm.sh stop; exit $$status
 
 test-gpu: setup
 	$(PYTEST) -q -m gpu
