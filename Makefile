@@ -47,7 +47,7 @@ test-slow: setup
 	$(PYTEST) -q -m "slow and not harness" --durations=15
 
 test-harness: setup
-	$(PYTEST) -q -m harness --durations=15
+	$(PYTEST) -q -m "harness and not containers" --durations=15
 
 # The docker sandbox (scheduler.sandbox=docker) against a real daemon: scripts/dockerd.sh starts one
 # where none answers (no bridge, no iptables rules) and stops it afterwards, also when a test fails.

@@ -295,6 +295,15 @@ def _base_files() -> dict[str, Path]:
         libs |= _elf_deps(path)
     from fineenvs.paths import harness_cache
 
+    # Public data agents' runtimes read: the CA bundle (Node agents load trust roots even for a
+    # plain-http proxy; Copilot refuses to start without them) and the C.UTF-8 locale agents' shells
+    # set (without it bash warns into every tool result the model reads).
+    for data in (
+        Path("/etc/ssl/certs/ca-certificates.crt"),
+        *sorted(Path("/usr/lib/locale/C.utf8").rglob("*")),
+    ):
+        if data.is_file():
+            files[str(data)] = data
     mounted = [*python_prefixes(), harness_cache().resolve()]
     for lib in libs:
         p = Path(lib)
@@ -311,7 +320,7 @@ _ETC = {
     "etc/hosts": "127.0.0.1 localhost\n::1 localhost\n",
     "etc/resolv.conf": "",
 }
-_BASE_RECIPE = "2"  # bump when the layout below changes
+_BASE_RECIPE = "3"  # bump when the layout below changes
 
 
 def _assemble_base(files: dict[str, Path], root: Path) -> None:

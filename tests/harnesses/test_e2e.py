@@ -221,6 +221,37 @@ def test_scripted_policy_in_bwrap_sandbox(
     assert WORK_ROOT_NAME not in sent and str(tmp_path) not in sent
 
 
+@pytest.mark.containers
+@pytest.mark.usefixtures("docker_daemon")
+@pytest.mark.parametrize("name", list(HARNESSES))
+def test_scripted_policy_in_docker_sandbox(
+    name: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
+) -> None:
+    """Every harness in the container sandbox (``make test-containers``): its pinned CLI mounted
+    read-only into the default image, no network but the proxy's bridge, fixed HOME and workdir."""
+    from fineenvs.harnesses.container import DockerSettings
+
+    _require_installed(name)
+    engine, proxy = scripted_stack
+    result, rollout = _attempt(
+        proxy,
+        name,
+        HARNESSES[name].default_format,
+        tmp_path / "attempt",
+        docker=DockerSettings(),  # the defaults a run gets (memory 4g, 512 pids, 1 cpu)
+    )
+    assert result.exit_reason == "finished", _why(result)
+    assert result.answer == ANSWER and result.leftover_pids == []
+    assert rollout["calls"] and all(
+        (tuple(c["prompt_ids"]), tuple(c["sampled_ids"])) in engine.replies for c in rollout["calls"]
+    )
+    sent = json.dumps([c["request"] for c in rollout["calls"]])
+    assert WORK_ROOT_NAME not in sent and str(tmp_path) not in sent
+    # The image has the C.UTF-8 locale agents' shells ask for: no warning in what the model reads.
+    assert "setlocale" not in sent
+    assert HARNESSES[name].actions_in_text or TOOL_MARKER in sent  # aider edits in text: no shell output
+
+
 BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
 
 
