@@ -15,7 +15,7 @@ import logging
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -178,6 +178,24 @@ def deciding_attempts(attempts: Sequence[EvalAttempt]) -> dict[str, dict[tuple[s
     return dict(out)
 
 
+def won_lost(
+    first: Mapping[tuple[str, str], EvalAttempt],
+    second: Mapping[tuple[str, str], EvalAttempt],
+    task_ids: Sequence[str],
+    harnesses: Sequence[str],
+) -> tuple[int, int]:
+    """Cells ``second`` solved and ``first`` did not (won), and the reverse (lost); a cell without a
+    graded attempt counts as unsolved, as in pass@1."""
+    won = lost = 0
+    for h in harnesses:
+        for t in task_ids:
+            a, b = first.get((t, h)), second.get((t, h))
+            solved_a, solved_b = a is not None and a.solved, b is not None and b.solved
+            won += solved_b and not solved_a
+            lost += solved_a and not solved_b
+    return won, lost
+
+
 def paired(
     first: dict[tuple[str, str], EvalAttempt],
     second: dict[tuple[str, str], EvalAttempt],
@@ -191,13 +209,7 @@ def paired(
     over the same tasks cannot. A cell without a graded attempt counts as unsolved, as in pass@1."""
 
     def count(hs: Sequence[str]) -> JsonObject:
-        won = lost = 0
-        for h in hs:
-            for t in task_ids:
-                a, b = first.get((t, h)), second.get((t, h))
-                solved_a, solved_b = a is not None and a.solved, b is not None and b.solved
-                won += solved_b and not solved_a
-                lost += solved_a and not solved_b
+        won, lost = won_lost(first, second, task_ids, hs)
         return {"won": won, "lost": lost, "p": sign_test_p(won, lost)}
 
     out = count(harnesses)

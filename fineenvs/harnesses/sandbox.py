@@ -49,6 +49,7 @@ from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from fineenvs.harnesses.base import Harness, Launch, Outputs
+from fineenvs.harnesses.files import read_text
 from fineenvs.harnesses.guard import (
     CONTAINER_ENV,
     DOCKER_CLIENT_ENV,
@@ -345,7 +346,7 @@ def _container_outcome(
 
     end = container_end(name)
     if run.returncode is not None and not run.timed_out:
-        failed = startup_failure(run.returncode, end, _read_text(attempt_dir / "stderr.txt"))
+        failed = startup_failure(run.returncode, end, read_text(attempt_dir / "stderr.txt"))
         if failed:
             return replace(run, detail="; ".join(x for x in (failed, run.detail) if x)), False, failed
     if not end.oom:
@@ -358,19 +359,12 @@ def _container_outcome(
     return replace(run, detail="; ".join(x for x in (detail, run.detail) if x)), True, ""
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def _bwrap_failure(run: _AgentRun, attempt_dir: Path) -> str:
     """bwrap's own error where it could not set up the sandbox (it then exits 1 having written only
     ``bwrap: <why>``, before the agent ran), else empty. An agent that exits 1 writes its own stderr."""
     if run.returncode != 1 or run.timed_out:
         return ""
-    lines = _read_text(attempt_dir / "stderr.txt").strip().splitlines()
+    lines = read_text(attempt_dir / "stderr.txt").strip().splitlines()
     if len(lines) == 1 and lines[0].startswith("bwrap: "):
         return f"the bwrap sandbox did not start: {lines[0]}"
     return ""

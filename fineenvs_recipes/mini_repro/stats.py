@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fineenvs.results import EvalAttempt, sign_test_p, wilson
+from fineenvs.results import EvalAttempt, sign_test_p, wilson, won_lost
 
 Cell = tuple[str, str]  # (task id, harness)
 Finals = Mapping[Cell, EvalAttempt]
@@ -41,21 +41,6 @@ than RL without it."""
 def two_sided_sign_p(won: int, lost: int) -> float:
     """Two-sided exact sign test: twice the smaller tail, at most 1."""
     return min(1.0, 2 * min(sign_test_p(won, lost), sign_test_p(lost, won)))
-
-
-def won_lost(
-    first: Finals, second: Finals, task_ids: Sequence[str], harnesses: Sequence[str]
-) -> tuple[int, int]:
-    """Cells ``second`` solved and ``first`` did not (won), and the reverse (lost); a cell without a
-    graded attempt counts as unsolved, as in pass@1."""
-    won = lost = 0
-    for h in harnesses:
-        for t in task_ids:
-            a, b = first.get((t, h)), second.get((t, h))
-            sa, sb = a is not None and a.solved, b is not None and b.solved
-            won += sb and not sa
-            lost += sa and not sb
-    return won, lost
 
 
 def co_solved_calls(a: Finals, b: Finals, harnesses: Sequence[str]) -> list[tuple[float, float]]:
