@@ -300,7 +300,9 @@ def check_rollout_node(out: Path, settings: RaySettings, proxy_url: str) -> dict
             resources={settings.sandbox_resource: settings.sandbox_per_attempt}, num_cpus=0, max_retries=0
         )
         try:
-            seen = ray.get(task.remote(str(probe), health), timeout=settings.placement_timeout_seconds)
+            seen: dict[str, Any] = ray.get(
+                task.remote(str(probe), health), timeout=settings.placement_timeout_seconds
+            )
         except ray.exceptions.GetTimeoutError as exc:
             raise InfrastructureFailure(
                 f"no Ray node with the '{settings.sandbox_resource}' resource took a task within "
