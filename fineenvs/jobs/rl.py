@@ -144,14 +144,10 @@ def group_metrics(groups: list[GroupOutcome]) -> dict[str, float]:
     return out
 
 
-def _write_attempts(path: Path, group: GroupOutcome) -> None:
-    """Every attempt of the group, the ones lost to the infrastructure and run again included."""
+def _write_attempts(path: Path, attempts: list[AttemptOutcome]) -> None:
     append_jsonl(
         path,
-        *(
-            {**{k: v for k, v in asdict(a).items() if k != "rows"}, "rows": len(a.rows)}
-            for a in (*group.lost, *group.attempts)
-        ),
+        *({**{k: v for k, v in asdict(a).items() if k != "rows"}, "rows": len(a.rows)} for a in attempts),
     )
 
 
@@ -199,9 +195,8 @@ class GroupAdmission:
         stats = self.stats
         stats.groups += 1
         self.drawn += 1
-        stats.attempts += len(group.attempts) + len(group.lost)
-        stats.infra_retried += len(group.lost)
-        for a in (*group.lost, *group.attempts):
+        stats.attempts += len(group.attempts)
+        for a in group.attempts:
             stats.exit_reasons[a.exit_reason] += 1
         stats.rewards += [a.reward for a in group.attempts if a.reward is not None]
         gid = group.planned.group_id
@@ -484,6 +479,7 @@ class _RLLoop:
             policy_version=lambda: self.trainer.policy_version,
             skip=set(state.consumed),
             infra_retries=s.infra_retries,
+            on_lost=self.record_lost,
         )
         admission = GroupAdmission(
             max_staleness=s.max_staleness,
@@ -501,7 +497,7 @@ class _RLLoop:
             # engine and proxy still run, instead of at interpreter shutdown with attempts in flight.
             async with contextlib.aclosing(scheduler.groups()) as finished:
                 async for group in finished:
-                    _write_attempts(self.out / "attempts.jsonl", group)
+                    _write_attempts(self.out / "attempts.jsonl", group.attempts)
                     batch = admission.offer(group, self.trainer.policy_version)
                     if batch is None:
                         continue
@@ -522,6 +518,14 @@ class _RLLoop:
         finally:
             display.close()
             state.save(self.state_path)
+
+    def record_lost(self, attempt: AttemptOutcome) -> None:
+        """An attempt lost to the infrastructure, to be rerun: recorded and counted when it is lost
+        (its group may still be unfinished when the run stops), never graded or trained."""
+        _write_attempts(self.out / "attempts.jsonl", [attempt])
+        self.stats.attempts += 1
+        self.stats.infra_retried += 1
+        self.stats.exit_reasons[attempt.exit_reason] += 1
 
     async def step(self, batch: list[GroupOutcome], state: RolloutState) -> dict[str, float]:
         """One optimizer step on the batch's rows; its metrics (with the start's parity figures once)."""

@@ -72,8 +72,8 @@ class GroupOutcome:
     planned: PlannedGroup
     attempts: list[AttemptOutcome]
     lost: list[AttemptOutcome] = field(default_factory=list)
-    """Attempts lost to the infrastructure and run again under a fresh id (``scheduler.infra_retries``):
-    recorded and counted, never graded or trained on; ``attempts`` holds what replaced them."""
+    """Attempts lost to the infrastructure and run again under a fresh id (``scheduler.infra_retries``),
+    already handed to the scheduler's ``on_lost`` when lost; ``attempts`` holds what replaced them."""
 
     @property
     def policy_version(self) -> int:
@@ -203,18 +203,26 @@ class AttemptPool:
         return await self.run(group, index, policy_version)
 
     async def run_retrying(
-        self, group: PlannedGroup, index: int, policy_version: Callable[[], int], retries: int
+        self,
+        group: PlannedGroup,
+        index: int,
+        policy_version: Callable[[], int],
+        retries: int,
+        on_lost: Callable[[AttemptOutcome], None] | None = None,
     ) -> tuple[AttemptOutcome, list[AttemptOutcome]]:
         """``run()``, and up to ``retries`` more runs while the attempt is lost to the infrastructure
         (a dead rollout node): each under a fresh attempt id (``<id>-retry<n>``: a new session and
         folder, never a second agent against the first one's session), in slots taken anew. Returns
-        the last outcome and the lost ones."""
+        the last outcome and the lost ones. ``on_lost`` gets each lost one at once: its record must
+        not wait for a group the run may stop before it finishes."""
         outcome = await self.run(group, index, policy_version)
         lost: list[AttemptOutcome] = []
         for n in range(1, retries + 1):
             if outcome.exit_reason != "infra_failure":
                 break
             lost.append(outcome)
+            if on_lost is not None:
+                on_lost(outcome)
             ids = list(group.attempt_ids)
             ids[index] = f"{group.attempt_ids[index]}-retry{n}"
             outcome = await self.attempt(replace(group, attempt_ids=tuple(ids)), index, policy_version)
@@ -232,12 +240,14 @@ class RolloutScheduler:
         skip: set[str] | None = None,
         max_ready_groups: int = 8,
         infra_retries: int = 0,
+        on_lost: Callable[[AttemptOutcome], None] | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         if infra_retries < 0:
             raise ValueError(f"infra_retries must be >= 0 (got {infra_retries})")
         self.infra_retries = infra_retries
+        self.on_lost = on_lost
         self.schedule = schedule
         self.runner = runner
         self.max_inflight = max_inflight
@@ -292,7 +302,9 @@ class RolloutScheduler:
                     await self.pool.take()  # in schedule order: the slot before the task
                     started.append(
                         asyncio.create_task(
-                            self.pool.run_retrying(group, index, self.policy_version, self.infra_retries)
+                            self.pool.run_retrying(
+                                group, index, self.policy_version, self.infra_retries, self.on_lost
+                            )
                         )
                     )
                     attempt_tasks.append(started[-1])

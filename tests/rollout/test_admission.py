@@ -243,26 +243,3 @@ def test_no_signal_groups_never_abort_without_dynamic_sampling() -> None:
     )  # fmt: skip
     batches = [adm.offer(_group(i, [1.0, 1.0]), 0) for i in range(6)]
     assert sum(b is not None for b in batches) == 3 and stats.no_signal == 6
-
-
-def test_attempts_lost_to_the_infrastructure_are_recorded_and_counted_never_trained(tmp_path) -> None:
-    from fineenvs.jobs.rl import _write_attempts
-    from fineenvs.jsonl import read_jsonl
-
-    group = _group(0, [1.0, 0.0])
-    lost = AttemptOutcome(
-        attempt_id="g0-a1", group_id="g0", task_id="t0", harness="opencode", policy_version=0,
-        reward=None, exit_reason="infra_failure", error="InfrastructureFailure: node died",
-    )  # fmt: skip
-    group.attempts[1].attempt_id = "g0-a1-retry1"
-    group.lost.append(lost)
-    adm = _admission(rows_per_step=2)
-    batch = adm.offer(group, policy_version=0)
-    assert batch is not None and len(_stamp_rows(batch, "group")) == 2  # the lost attempt has no rows
-    assert adm.stats.attempts == 3 and adm.stats.infra_retried == 1
-    assert adm.stats.exit_reasons == {"finished": 2, "infra_failure": 1}
-    _write_attempts(tmp_path / "attempts.jsonl", group)
-    written = list(read_jsonl(tmp_path / "attempts.jsonl"))
-    assert [(r["attempt_id"], r["exit_reason"], r["reward"]) for r in written] == [
-        ("g0-a1", "infra_failure", None), ("g0-a0", "finished", 1.0), ("g0-a1-retry1", "finished", 0.0),
-    ]  # fmt: skip

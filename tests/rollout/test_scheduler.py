@@ -150,9 +150,28 @@ def test_an_attempt_lost_to_the_infrastructure_runs_again_under_a_fresh_id() -> 
     schedule = build_schedule(TASKS[:3], MIX, group_size=4, passes=1)
     lost_id = schedule[1].attempt_ids[2]
     runner = NodeDiesOnce({lost_id})
-    sched = RolloutScheduler(schedule, runner, max_inflight=4, policy_version=lambda: 0, infra_retries=2)
-    groups = {g.planned.group_id: g for g in asyncio.run(_collect(sched))}
+    events: list[tuple[str, str]] = []
+    sched = RolloutScheduler(
+        schedule,
+        runner,
+        max_inflight=4,
+        policy_version=lambda: 0,
+        infra_retries=2,
+        on_lost=lambda a: events.append(("lost", a.attempt_id)),
+    )
+
+    async def collect() -> list:
+        out = []
+        async for g in sched.groups():
+            events.append(("group", g.planned.group_id))
+            out.append(g)
+        return out
+
+    groups = {g.planned.group_id: g for g in asyncio.run(collect())}
     hit = groups[schedule[1].group_id]
+    # The lost attempt is handed over when it is lost, before its group (a run may stop first).
+    assert events.index(("lost", lost_id)) < events.index(("group", hit.planned.group_id))
+    assert [e for e in events if e[0] == "lost"] == [("lost", lost_id)]
     # The lost attempt is kept (recorded, ungraded) and replaced by its rerun, a new session.
     assert [(a.attempt_id, a.exit_reason, a.reward) for a in hit.lost] == [(lost_id, "infra_failure", None)]
     assert [a.attempt_id for a in hit.attempts][2] == f"{lost_id}-retry1"
