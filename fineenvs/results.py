@@ -137,6 +137,20 @@ def cell_stats(task_ids: Sequence[str], attempts: Sequence[EvalAttempt]) -> Json
     }
 
 
+def co_solved_cells(
+    first: Mapping[tuple[str, str], EvalAttempt], second: Mapping[tuple[str, str], EvalAttempt]
+) -> list[tuple[str, str]]:
+    """The (task, harness) cells both checkpoints solved, each with a tool count, sorted."""
+    return sorted(
+        k
+        for k in first.keys() & second.keys()
+        if first[k].solved
+        and second[k].solved
+        and first[k].tool_calls is not None
+        and second[k].tool_calls is not None
+    )
+
+
 def co_solved(
     base: dict[tuple[str, str], EvalAttempt],
     other: dict[tuple[str, str], EvalAttempt],
@@ -151,14 +165,7 @@ def co_solved(
         reduction = 1.0 - mo / mb if mb and mo is not None else None
         return {"cells": len(keys), "mean_tool_calls_base": mb, "mean_tool_calls": mo, "reduction": reduction}
 
-    keys = sorted(
-        k
-        for k in base.keys() & other.keys()
-        if base[k].solved
-        and other[k].solved
-        and base[k].tool_calls is not None
-        and other[k].tool_calls is not None
-    )
+    keys = co_solved_cells(base, other)
     out = summary(keys)
     out["per_harness"] = {h: summary([k for k in keys if k[1] == h]) for h in harnesses}
     return out

@@ -368,7 +368,7 @@ def _runtime_key() -> str:
     and ``/etc/ld.so.cache`` (rewritten by ldconfig whenever the system's libraries change)."""
     from fineenvs.paths import MARKER_FILE, harness_cache
 
-    parts = [_BASE_RECIPE, str(Path(sys.base_prefix).resolve()), _stat_key(Path(sys.executable).resolve())]
+    parts = [_BASE_RECIPE, _runtime_name(), _stat_key(Path(sys.executable).resolve())]
     parts += [_stat_key(p.resolve()) for p in python_prefixes()]
     for entry in sorted(harness_cache().iterdir()):
         if entry.is_dir():
@@ -447,7 +447,7 @@ def _build_default_image() -> tuple[str, bool]:
     """Hash the runtime's files and build ``fineenvs-base:<hash>`` unless the daemon has it:
     (the tag, whether it was built now)."""
     files = _base_files()
-    digest = hashlib.sha256(f"{_BASE_RECIPE}\0{Path(sys.base_prefix).resolve()}".encode())
+    digest = hashlib.sha256(f"{_BASE_RECIPE}\0{_runtime_name()}".encode())
     for dest in sorted(files):
         digest.update(dest.encode() + b"\0")
         digest.update(hashlib.sha256(files[dest].read_bytes()).digest())

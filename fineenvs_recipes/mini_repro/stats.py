@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fineenvs.results import EvalAttempt, sign_test_p, wilson, won_lost
+from fineenvs.results import EvalAttempt, co_solved_cells, sign_test_p, wilson, won_lost
 
 Cell = tuple[str, str]  # (task id, harness)
 Finals = Mapping[Cell, EvalAttempt]
@@ -46,15 +46,7 @@ def two_sided_sign_p(won: int, lost: int) -> float:
 def co_solved_calls(a: Finals, b: Finals, harnesses: Sequence[str]) -> list[tuple[float, float]]:
     """(calls of ``a``, calls of ``b``) on every cell of ``harnesses`` both solved with a tool count,
     in cell order."""
-    keys = sorted(
-        k
-        for k in a.keys() & b.keys()
-        if k[1] in harnesses
-        and a[k].solved
-        and b[k].solved
-        and a[k].tool_calls is not None
-        and b[k].tool_calls is not None
-    )
+    keys = [k for k in co_solved_cells(a, b) if k[1] in harnesses]
     return [(float(a[k].tool_calls or 0), float(b[k].tool_calls or 0)) for k in keys]
 
 
