@@ -347,6 +347,10 @@ class EvalSpec:
     checkpoints: list[str] = field(default_factory=list)
     """Checkpoints to evaluate (``+experiment=eval``); empty: the model under ``model``."""
     infra_retries: int = 2
+    """More attempts of a cell whose attempt had no usable grade for a reason outside the policy:
+    ungraded, no model call (wiring), or a crash or timeout without an answer in which no reply of
+    the model was cut at the output cap (``EvalAttempt.infra_failure``). The cell's first attempt
+    that is not one decides it."""
     concurrency: int = 35
     subset_during_training: int | None = 50
     """Tasks evaluated by the in-training hook every trainer.eval_steps (None: the whole split)."""

@@ -55,10 +55,16 @@ class EvalAttempt:
 
     @property
     def infra_failure(self) -> bool:
-        """No usable grade for a reason outside the policy: retry it."""
+        """No usable grade for a reason outside the policy: retry it.
+
+        An agent that crashed or timed out without an answer is retried, unless one of the model's
+        replies was cut at the output-token cap: that reply is the policy's own, and an agent that
+        cannot go on from it (Codex fails the turn, Gemini CLI cannot parse the cut JSON) has been
+        failed by the policy, as the same reply ends the attempt without an answer elsewhere.
+        Retrying it would give such harnesses a second draw the others do not get."""
         if self.reward is None or self.exit_reason == "wiring_failure":
             return True
-        return self.exit_reason in ("crashed", "timeout") and not self.answered
+        return self.exit_reason in ("crashed", "timeout") and not self.answered and not self.cut_off_calls
 
     @property
     def solved(self) -> bool:

@@ -571,6 +571,8 @@ def summary_table(out: Path, base_harness: str | None = None) -> str:
                 f"- groups by signal: {s.get('groups_by_signal')}; groups without signal: "
                 f"{s.get('groups_without_signal')} of {s.get('groups')}"
             )
+        if attempts:
+            lines.append("- tool calls: " + stats.format_bonus_accounting(stats.bonus_accounting(attempts)))
     times = []
     for stage in STAGES:
         done = out / stage / DONE

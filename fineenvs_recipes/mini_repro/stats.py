@@ -307,3 +307,75 @@ def targets_table(found: Sequence[Target]) -> list[str]:
     for t in found:
         lines.append(f"| ({t.number}) {t.what} | {t.figure} | {t.test} | **{t.status}** |")
     return lines
+
+
+@dataclass
+class BonusAccounting:
+    """What the tool-call bonus had to act on in one RL stage, from its ``attempts.jsonl``.
+
+    With the published bonus (``correct x (1 + 0.1 x 15 / (15 + calls))``) one call more changes a
+    correct attempt's reward by about 0.005: next to a group's correct / wrong split that moves
+    nothing. Only in a group whose graded attempts are all correct but used different numbers of
+    calls is the bonus the whole signal (GRPO divides by the group's std, so those advantages are
+    full size); ``bonus_only_groups`` counts them. The correct attempts' calls in the first and the
+    second half of the stage (by the policy version that sampled them) show whether RL moved them."""
+
+    groups: int
+    signal_groups: int
+    bonus_only_groups: int
+    correct_calls_early: float | None
+    correct_calls_late: float | None
+    correct_multi_call_share: float | None
+    """Of the stage's correct attempts, the share that used more than one tool call."""
+
+
+def bonus_accounting(attempts: Sequence[Mapping[str, Any]]) -> BonusAccounting:
+    graded = [a for a in attempts if a.get("reward") is not None and a.get("exit_reason") != "infra_failure"]
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for a in graded:
+        groups.setdefault(str(a.get("group_id")), []).append(a)
+
+    def correct(a: Mapping[str, Any]) -> bool:
+        return float((a.get("reward_terms") or {}).get("correctness") or 0.0) >= 1.0
+
+    signal = bonus_only = 0
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        rewards = [float(a["reward"]) for a in members]
+        if max(rewards) - min(rewards) <= 1e-12:
+            continue
+        signal += 1
+        bonus_only += all(correct(a) for a in members)
+    solved = sorted(
+        (a for a in graded if correct(a) and a.get("tool_calls") is not None),
+        key=lambda a: int(a.get("policy_version") or 0),
+    )
+    half = len(solved) // 2
+
+    def mean_calls(part: Sequence[Mapping[str, Any]]) -> float | None:
+        return sum(float(a["tool_calls"]) for a in part) / len(part) if part else None
+
+    return BonusAccounting(
+        groups=sum(1 for m in groups.values() if len(m) >= 2),
+        signal_groups=signal,
+        bonus_only_groups=bonus_only,
+        correct_calls_early=mean_calls(solved[:half]),
+        correct_calls_late=mean_calls(solved[half:]),
+        correct_multi_call_share=(
+            sum(1 for a in solved if int(a["tool_calls"]) > 1) / len(solved) if solved else None
+        ),
+    )
+
+
+def format_bonus_accounting(b: BonusAccounting) -> str:
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return (
+        f"groups with two or more graded attempts {b.groups}, with signal {b.signal_groups}, of which "
+        f"{b.bonus_only_groups} all correct with different call counts (the bonus the whole signal); "
+        f"tool calls per correct attempt {f(b.correct_calls_early)} in the stage's first half, "
+        f"{f(b.correct_calls_late)} in its second; correct attempts with more than one call "
+        f"{f(b.correct_multi_call_share)}"
+    )

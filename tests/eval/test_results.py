@@ -57,23 +57,29 @@ def _a(
 
 
 @pytest.mark.parametrize(
-    ("reward", "exit_reason", "answered", "infra"),
+    ("reward", "exit_reason", "answered", "cut_off", "infra"),
     [
-        (None, "finished", True, True),  # ungraded
-        (0.0, "wiring_failure", False, True),
-        (0.0, "crashed", False, True),
-        (0.0, "timeout", False, True),
-        (1.0, "timeout", True, False),  # answered before the clock ran out: graded
-        (0.0, "crashed", True, False),  # crashed after answering: graded on its answer
-        (0.0, "finished", False, False),  # finished without an answer: a wrong answer, not infra
-        (0.0, "budget_stop", False, False),
-        (0.0, "context_overflow", False, False),
+        (None, "finished", True, 0, True),  # ungraded
+        (0.0, "wiring_failure", False, 0, True),
+        (0.0, "crashed", False, 0, True),
+        (0.0, "timeout", False, 0, True),
+        (1.0, "timeout", True, 0, False),  # answered before the clock ran out: graded
+        (0.0, "crashed", True, 0, False),  # crashed after answering: graded on its answer
+        (0.0, "finished", False, 0, False),  # finished without an answer: a wrong answer, not infra
+        (0.0, "budget_stop", False, 0, False),
+        (0.0, "context_overflow", False, 0, False),
+        # The agent failed on the policy's own reply cut at the token cap (Codex, Gemini CLI): the
+        # policy's failure, graded like the same reply elsewhere, not a second draw.
+        (0.0, "crashed", False, 1, False),
+        (0.0, "timeout", False, 2, False),
+        (None, "crashed", False, 1, True),  # still ungraded: nothing to count
     ],
 )
 def test_infra_failure_classification(
-    reward: float | None, exit_reason: str, answered: bool, infra: bool
+    reward: float | None, exit_reason: str, answered: bool, cut_off: int, infra: bool
 ) -> None:
     a = _a("c", "t", "h", reward=reward, exit_reason=exit_reason, answered=answered)
+    a.cut_off_calls = cut_off
     assert a.infra_failure is infra
 
 

@@ -246,3 +246,38 @@ def test_the_sweep_counts_each_target_over_its_runs(tmp_path: Path) -> None:
     # The bonus pooled: 15 + 11 co-solved cells (run 1: pi t0-t9 and mini_swe_agent t0), 1 call against 2.
     assert "rl_mix vs rl_mix_nobonus (the bonus against its control" in table
     assert "26 cells: 2.00 → 1.00, -50 % [-50, -50]" in table
+
+
+def test_bonus_accounting_counts_the_groups_where_the_bonus_is_the_whole_signal(tmp_path: Path) -> None:
+    """Four groups of an RL stage's attempts, worked by hand: g1 all correct with 1 and 2 calls (the
+    bonus alone separates them), g2 all correct with 1 call each (no signal), g3 one correct one
+    wrong (signal from correctness), g4 one graded attempt and one lost to the infrastructure."""
+
+    def att(group: str, version: int, correct: bool, calls: int, exit_reason: str = "finished") -> dict:
+        reward = (1.0 + 0.1 * 15 / (15 + calls)) if correct else 0.0
+        return {
+            "group_id": group,
+            "policy_version": version,
+            "harness": "pi",
+            "reward": None if exit_reason == "infra_failure" else reward,
+            "reward_terms": {"correctness": 1.0 if correct else 0.0},
+            "tool_calls": calls,
+            "exit_reason": exit_reason,
+        }
+
+    attempts = [
+        att("g1", 0, True, 1), att("g1", 0, True, 2),
+        att("g2", 1, True, 1), att("g2", 1, True, 1),
+        att("g3", 2, True, 2), att("g3", 2, False, 1),
+        att("g4", 3, True, 1), att("g4", 3, False, 0, "infra_failure"),
+    ]  # fmt: skip
+    b = stats.bonus_accounting(attempts)
+    assert (b.groups, b.signal_groups, b.bonus_only_groups) == (3, 2, 1)
+    # Correct attempts by policy version: 1, 2 (v0), 1, 1 (v1) | 2 (v2), 1 (v3).
+    assert b.correct_calls_early == pytest.approx(4 / 3) and b.correct_calls_late == pytest.approx(4 / 3)
+    assert b.correct_multi_call_share == pytest.approx(2 / 6)
+    assert "with signal 2, of which 1 all correct" in stats.format_bonus_accounting(b)
+    # In the report, per RL stage.
+    (tmp_path / "rl_mix").mkdir()
+    (tmp_path / "rl_mix" / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    assert "- tool calls: groups with two or more graded attempts 3, with signal 2" in summary_table(tmp_path)
