@@ -448,11 +448,20 @@ def _matrix(out: Path, ev: EvalData) -> list[str]:
         "|---" * (len(mix) + len(unseen) + 2) + "|",
     ]
     for key in ev.keys:
-        row = [_pass_cell(ev.cells[key][h]["solved"], n) for h in mix]
-        row.append(_pass_cell(sum(ev.cells[key][h]["solved"] for h in mix), n * len(mix)))
-        row += [_pass_cell(ev.cells[key][h]["solved"], n) if h in ev.cells[key] else "-" for h in unseen]
-        lines.append(f"| {_stage_label(out, key)} | " + " | ".join(row) + " |")
+        label = _stage_label(out, key)
+        row = [_pass_cell(_solved(ev, label, h), n) for h in mix]
+        row.append(_pass_cell(sum(_solved(ev, label, h) for h in mix), n * len(mix)))
+        row += [_pass_cell(_solved(ev, label, h), n) if h in ev.cells[key] else "-" for h in unseen]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     return lines
+
+
+def _solved(ev: EvalData, stage: str, harness: str) -> int:
+    """Cells of ``harness`` that ``stage``'s checkpoint solved, from the deciding attempts as the
+    paired tests count them (not the eval job's ``results.json``): one rule decides every figure of
+    the report, also when a report is rebuilt under a newer rule than the evaluation ran with."""
+    finals = ev.finals.get(stage, {})
+    return sum(1 for t in ev.task_ids if (f := finals.get((t, harness))) is not None and f.solved)
 
 
 # Tool calls on co-solved cells: each checkpoint against the base, and the bonus against its control.
@@ -666,14 +675,14 @@ def pooled_table(outs: list[Path]) -> str:
                 f"{out} evaluated {r['harnesses']}, {runs[0][0]} {harnesses}: runs pool only over the same "
                 "harnesses. Fix: pool the runs of one configuration"
             )
+        ev = eval_data(out)
+        assert ev is not None  # runs come with results.json
         for key in r["checkpoints"]:
             stage = _stage_label(out, key)
             runs_of[stage] += 1
             for h in harnesses:
-                solved[stage][h][0] += r["cells"][key][h]["solved"]
+                solved[stage][h][0] += _solved(ev, stage, h)
                 solved[stage][h][1] += r["tasks"]
-        ev = eval_data(out)
-        assert ev is not None  # runs come with results.json
         for pair, d in _paired_counts(ev).items():
             pairs[pair].append(d)
         if "rl_mix" in ev.finals and "rl_mix_nobonus" in ev.finals:

@@ -281,3 +281,25 @@ def test_bonus_accounting_counts_the_groups_where_the_bonus_is_the_whole_signal(
     (tmp_path / "rl_mix").mkdir()
     (tmp_path / "rl_mix" / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
     assert "- tool calls: groups with two or more graded attempts 3, with signal 2" in summary_table(tmp_path)
+
+
+def test_the_report_counts_cells_by_the_deciding_attempts_not_the_eval_jobs_summary(tmp_path: Path) -> None:
+    """A report rebuilt under today's rule for which attempt decides a cell: rl_mix's codex task t5
+    crashed on a reply cut at the output cap (try 0) and was solved on a retry (try 1), which an
+    older rule counted (results.json says 3 solved). The cut-off crash now decides the cell: 2 of 12
+    in the matrix, as in the paired tests."""
+    _write_run(tmp_path)
+    keys = json.loads((tmp_path / "eval_unseen" / "eval" / "results.json").read_text())["checkpoints"]
+    rl_mix = next(k for k in keys if "/rl_mix/" in k)
+    path = tmp_path / "eval_unseen" / "eval" / "attempts.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    t5 = next(r for r in records if r["checkpoint"] == rl_mix and r["task_id"] == "t5")
+    t5.update(reward=0.0, exit_reason="crashed", answered=False, cut_off_calls=1)
+    records.append({**t5, "try_index": 1, "attempt_id": "retry", "reward": 1.0, "exit_reason": "finished",
+                    "answered": True, "cut_off_calls": 0})  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    results = json.loads((tmp_path / "eval_unseen" / "eval" / "results.json").read_text())
+    results["cells"][rl_mix]["codex"]["solved"] = 3
+    (tmp_path / "eval_unseen" / "eval" / "results.json").write_text(json.dumps(results))
+    row = next(line for line in summary_table(tmp_path).splitlines() if line.startswith("| rl_mix |"))
+    assert row.rstrip(" |").endswith("| 0.17 [0.05, 0.45]")  # 2 of 12, not 3
