@@ -55,7 +55,7 @@ from fineenvs.jsonl import read_jsonl
 from fineenvs.results import EvalAttempt, deciding_attempts, paired, read_attempts, sign_test_p, wilson
 from fineenvs_recipes.mini_repro import stats
 from fineenvs_recipes.mini_repro.settings import RL_BATCH as _RL_BATCH
-from fineenvs_recipes.mini_repro.settings import STAGES, MiniReproSettings
+from fineenvs_recipes.mini_repro.settings import STAGES, TEACHER_POLICIES, MiniReproSettings
 
 CHECKPOINT_STAGES = ("base", "rl_one", "rl_mix", "rl_mix_nobonus", "sft_mix")
 DONE = "STAGE_DONE"
@@ -162,7 +162,7 @@ def stage_commands(
     collect = [
         "job=collect_teacher",
         "trainer=sft",
-        "engine.policy=expert",
+        f"engine.policy={TEACHER_POLICIES.get(m.teacher_habit, m.teacher_habit)}",
         "trainer.teacher_attempts_per_task=1",
     ]
     limit = "null" if m.teacher_tasks is None else str(m.teacher_tasks)

@@ -18,6 +18,8 @@ STAGES = (
     "teacher", "base", "rl_one", "rl_mix", "rl_mix_nobonus", "sft_mix", "eval", "eval_unseen", "report"
 )  # fmt: skip
 RL_BATCH = 4
+TEACHER_POLICIES = {"verify": "expert", "look": "expert_look"}
+"""``recipe.teacher_habit`` -> the scripted policy (``engine.policy``) of the teacher stage."""
 """Rows per forward/backward pass of the mini-reproduction's RL stages."""
 
 
@@ -51,6 +53,12 @@ class MiniReproSettings:
     Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
+    teacher_habit: str = "verify"
+    """The teacher's habitual extra tool call on about half of the tasks, which its students inherit
+    and the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
+    solving (it cannot change the grade, so only the bonus has a reason to drop it), ``look`` looks
+    at the data first (the students that looked solved less often, so RL without the bonus pruned it
+    too; the recipe's habit until 2026-12-07)."""
     teacher_tasks: int | None = None
     """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
     base_mix_tasks: int = 24
@@ -141,6 +149,12 @@ class MiniReproSettings:
                     f"stage trains on the teacher's first {self.sft_mix_tasks} {self.base_harness} rollouts. Fix: "
                     "teacher_tasks at least sft_mix_tasks, or null (the whole train split)"
                 )
+        if self.teacher_habit not in TEACHER_POLICIES:
+            p.append(
+                f"recipe.teacher_habit={self.teacher_habit!r} is not a habit of the scripted teacher. Fix: one of "
+                f"{sorted(TEACHER_POLICIES)} (verify: reads its answer back after solving; look: looks at the "
+                "data first)"
+            )
         seen = [h for h in self.unseen_harnesses if h in self.harnesses]
         if seen:
             p.append(

@@ -19,11 +19,20 @@ What the expert knows:
   final message.
 
 The expert also has a habit, as real models do: on about half of the tasks (decided by a hash of
-the question, so collection is reproducible) it first looks at the data (``head -n 3 *.csv``) and
-only then runs the solution. Its students inherit the habit as a coin flip they cannot read off
-the task, which is what the tool-call bonus of the reward can train away: on tasks a policy
-solves either way, one call earns more than two (published: RL across harnesses cut tool calls on
-co-solved tasks by 31 %).
+the question, so collection is reproducible) it makes one tool call the task does not need. Its
+students inherit the habit as a coin flip they cannot read off the task, which is what the
+tool-call bonus of the reward can train away: on tasks a policy solves either way, one call earns
+more than two (published: RL across harnesses cut tool calls on co-solved tasks by 31 %). Two
+habits, one policy each (``engine.policy=``; the recipe's ``recipe.teacher_habit``):
+
+- ``expert`` (**verify**, the recipe's default): after solving, it reads its answer back (``cat
+  answer.txt``) before ending. The extra call comes after ``answer.txt`` is written, so it cannot
+  change the grade: RL on correctness alone has no reason to keep or drop it, and only the bonus
+  does — the control the bonus's effect needs.
+- ``expert_look`` (**look**): it first looks at the data (``head -n 3 *.csv``), then solves. A
+  4-layer student that looked solved less often than one that did not (0.40 against 0.53 at the
+  start of RL in Pi), so RL on correctness alone pruned the look as well, and the bonus had little
+  left to do (experiments/mini_repro/results/).
 
 A conversation without a recognised task (an agent's title or summary call, say) gets a short
 plain answer, so the agent moves on.
@@ -47,6 +56,7 @@ _QUESTIONS = (
     ("max", re.compile(r"What is the largest value in the (\w+) column \(column (\d+)\) of (\S+\.csv)\?")),
 )
 LOOK_COMMAND = "head -n 3 *.csv"
+VERIFY_COMMAND = "cat answer.txt"
 DONE_TEXT = "The answer is in answer.txt."
 NO_TASK_TEXT = "Solving the task."
 
@@ -72,8 +82,8 @@ def _question(messages: list[dict[str, Any]]) -> tuple[str, re.Match[str]] | Non
     return None
 
 
-def looks_first(messages: list[dict[str, Any]]) -> bool:
-    """Whether the expert looks at the data before solving this conversation's task."""
+def has_habit(messages: list[dict[str, Any]]) -> bool:
+    """Whether the expert makes its habitual extra call on this conversation's task."""
     found = _question(messages)
     return found is not None and hashlib.sha256(found[1].group(0).encode()).digest()[0] % 2 == 0
 
@@ -130,17 +140,38 @@ def render_tool_call(fmt: ToolCallFormat, name: str, arguments: dict[str, Any]) 
 def expert_reply(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ToolCallFormat
 ) -> str:
-    """The expert's next assistant message, as text in the model's chat format."""
+    """The expert's next assistant message, as text in the model's chat format; on the tasks of its
+    habit it reads its answer back before ending (``expert``)."""
+    return _reply(messages, tools, fmt, look_first=False)
+
+
+def expert_reply_look(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ToolCallFormat
+) -> str:
+    """As ``expert_reply``, but the habit is looking at the data first (``expert_look``)."""
+    return _reply(messages, tools, fmt, look_first=True)
+
+
+def _reply(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    fmt: ToolCallFormat,
+    *,
+    look_first: bool,
+) -> str:
     command = solution_command(messages)
     tool = shell_tool(tools)
     if command is None or tool is None:
         return NO_TASK_TEXT if command is None else DONE_TEXT
     name, key, _ = tool
+    habit = has_habit(messages)
     prompt_text = "\n".join(t for m in messages for t in _texts(m))
     if not _ran(messages, command):
-        if looks_first(messages) and not _ran(messages, LOOK_COMMAND):
+        if look_first and habit and not _ran(messages, LOOK_COMMAND):
             return render_tool_call(fmt, name, {key: LOOK_COMMAND})
         return render_tool_call(fmt, name, {key: command})
+    if not look_first and habit and not _ran(messages, VERIFY_COMMAND):
+        return render_tool_call(fmt, name, {key: VERIFY_COMMAND})
     if SUBMIT in prompt_text and not _ran(messages, f"echo {SUBMIT}"):
         return render_tool_call(fmt, name, {key: f"echo {SUBMIT}"})
     return DONE_TEXT

@@ -19,8 +19,10 @@ from fineenvs_recipes.mini_repro.teacher import (
     DONE_TEXT,
     LOOK_COMMAND,
     SUBMIT,
+    VERIFY_COMMAND,
     expert_reply,
-    looks_first,
+    expert_reply_look,
+    has_habit,
     render_tool_call,
     solution_command,
 )
@@ -93,27 +95,48 @@ def test_other_harnesses_end_with_a_message_and_codex_gets_its_cmd_argument() ->
     )
 
 
-def test_on_about_half_the_tasks_the_expert_looks_at_the_data_first() -> None:
-    """The habit the tool-call bonus can train away: look (head), then solve, then end."""
-    looking = "What is the sum of the mass column (column 2) in kites.csv?"
-    direct = "How many data rows does vans.csv have?"
-    assert looks_first([{"role": "user", "content": looking}])
-    assert not looks_first([{"role": "user", "content": direct}])
-    messages: list[dict[str, Any]] = [{"role": "user", "content": looking}]
-    first = _call(expert_reply(messages, BASH, "hermes"), BASH)
-    assert json.loads(first["tool_calls"][0]["function"]["arguments"]) == {"command": LOOK_COMMAND}
-    messages += [first, {"role": "tool", "tool_call_id": "x", "content": "id,mass\n1,210\n2,250"}]
-    second = _call(expert_reply(messages, BASH, "hermes"), BASH)
-    assert json.loads(second["tool_calls"][0]["function"]["arguments"]) == {
-        "command": solution_command(messages)
-    }
-    messages += [second, {"role": "tool", "tool_call_id": "y", "content": ""}]
-    assert expert_reply(messages, BASH, "hermes") == DONE_TEXT
+HABITUAL = "What is the sum of the mass column (column 2) in kites.csv?"
+DIRECT = "How many data rows does vans.csv have?"
+
+
+def _commands(reply: Any, question: str, finish: str) -> list[Any]:
+    """Run ``reply`` (a policy) on ``question`` to its end: the commands it called, then its last text."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question + finish}]
+    out: list[Any] = []
+    for _ in range(5):
+        text = reply(messages, BASH, "hermes")
+        if "<tool_call>" not in text:
+            return [*out, text]
+        call = _call(text, BASH)
+        out.append(json.loads(call["tool_calls"][0]["function"]["arguments"])["command"])
+        messages += [call, {"role": "tool", "tool_call_id": "x", "content": "id,mass\n1,210\n2,250"}]
+    raise AssertionError(f"no end after 5 replies: {out}")
+
+
+def test_the_verify_habit_reads_the_answer_back_after_solving_on_about_half_the_tasks() -> None:
+    """``expert``: the habit's extra call comes after answer.txt is written (it cannot change the
+    grade); in Mini-SWE-Agent it comes before the submit command."""
+    assert has_habit([{"role": "user", "content": HABITUAL}])
+    assert not has_habit([{"role": "user", "content": DIRECT}])
+    solve = solution_command([{"role": "user", "content": HABITUAL}])
+    assert _commands(expert_reply, HABITUAL, "") == [solve, VERIFY_COMMAND, DONE_TEXT]
+    submit = f"\nFinish with `echo {SUBMIT}`."
+    assert _commands(expert_reply, HABITUAL, submit) == [solve, VERIFY_COMMAND, f"echo {SUBMIT}", DONE_TEXT]
+    direct = solution_command([{"role": "user", "content": DIRECT}])
+    assert _commands(expert_reply, DIRECT, "") == [direct, DONE_TEXT]
     # decided by the question alone (reproducible), about half of every split
     for split in ("train", "eval"):
         specs = split_specs(split)
-        share = sum(looks_first([{"role": "user", "content": s.question}]) for s in specs) / len(specs)
+        share = sum(has_habit([{"role": "user", "content": s.question}]) for s in specs) / len(specs)
         assert 0.3 <= share <= 0.7, (split, share)
+
+
+def test_the_look_habit_looks_at_the_data_first_on_the_same_tasks() -> None:
+    """``expert_look`` (the recipe's habit until 2026-12-07): look (head), then solve, then end."""
+    solve = solution_command([{"role": "user", "content": HABITUAL}])
+    assert _commands(expert_reply_look, HABITUAL, "") == [LOOK_COMMAND, solve, DONE_TEXT]
+    direct = solution_command([{"role": "user", "content": DIRECT}])
+    assert _commands(expert_reply_look, DIRECT, "") == [direct, DONE_TEXT]
 
 
 def test_expert_policy_serves_through_the_engine_path(tiny_qwen_dir: Path) -> None:
@@ -142,6 +165,6 @@ def test_expert_policy_serves_through_the_engine_path(tiny_qwen_dir: Path) -> No
     # The engine finds scripted policies by name (fineenvs/plugins.py), and says which exist.
     with pytest.raises(
         PluginError,
-        match=r"no plugin 'oracle' in the entry-point group fineenvs.engine_policies: installed are \['expert'\]",
+        match=r"no plugin 'oracle' in the entry-point group fineenvs.engine_policies: installed are \['expert', 'expert_look'\]",
     ):
         create_engine_app(tiny_qwen_dir, served_model_name="x", policy="oracle")

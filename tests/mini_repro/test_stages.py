@@ -247,7 +247,19 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
         _load(f"output_dir={tmp_path}", "recipe.stages=[teacher,tune]")
     with pytest.raises(ConfigError, match=r"unseen_harnesses has \['opencode'\].*Fix"):
         _load(f"output_dir={tmp_path}", "recipe.unseen_harnesses=[opencode]")
+    with pytest.raises(
+        ConfigError, match=r"teacher_habit='peek' is not a habit.*Fix: one of \['look', 'verify'\]"
+    ):
+        _load(f"output_dir={tmp_path}", "recipe.teacher_habit=peek")
     assert not (tmp_path / "teacher").exists()
+
+
+def test_the_teacher_habit_chooses_the_teachers_scripted_policy(tmp_path: Path) -> None:
+    for habit, policy in (("verify", "expert"), ("look", "expert_look")):
+        run = _load(f"output_dir={tmp_path}", f"recipe.teacher_habit={habit}")
+        commands = stage_commands(run.recipe, tmp_path, {})
+        teacher = [_load(*o, f"output_dir={tmp_path / 'teacher'}") for o in commands["teacher"]]
+        assert [t.engine.policy for t in teacher] == [policy, policy]
 
 
 def test_wilson_interval_and_table(tmp_path: Path) -> None:
