@@ -317,16 +317,15 @@ class BonusAccounting:
     correct attempt's reward by about 0.005: next to a group's correct / wrong split that moves
     nothing. Only in a group whose graded attempts are all correct but used different numbers of
     calls is the bonus the whole signal (GRPO divides by the group's std, so those advantages are
-    full size); ``bonus_only_groups`` counts them. The correct attempts' calls in the first and the
-    second half of the stage (by the policy version that sampled them) show whether RL moved them."""
+    full size); ``bonus_only_groups`` counts them. ``correct_calls`` shows whether RL moved the
+    calls: per harness (harnesses differ in calls per solution: Mini-SWE-Agent's submit command is
+    one), the correct attempts' mean calls in the first and the second half of the stage's correct
+    attempts there, by the policy version that sampled them."""
 
     groups: int
     signal_groups: int
     bonus_only_groups: int
-    correct_calls_early: float | None
-    correct_calls_late: float | None
-    correct_multi_call_share: float | None
-    """Of the stage's correct attempts, the share that used more than one tool call."""
+    correct_calls: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 def bonus_accounting(attempts: Sequence[Mapping[str, Any]]) -> BonusAccounting:
@@ -347,24 +346,27 @@ def bonus_accounting(attempts: Sequence[Mapping[str, Any]]) -> BonusAccounting:
             continue
         signal += 1
         bonus_only += all(correct(a) for a in members)
-    solved = sorted(
-        (a for a in graded if correct(a) and a.get("tool_calls") is not None),
-        key=lambda a: int(a.get("policy_version") or 0),
-    )
-    half = len(solved) // 2
 
     def mean_calls(part: Sequence[Mapping[str, Any]]) -> float | None:
         return sum(float(a["tool_calls"]) for a in part) / len(part) if part else None
 
+    calls: dict[str, tuple[float | None, float | None]] = {}
+    for harness in sorted({str(a.get("harness")) for a in graded}):
+        solved = sorted(
+            (
+                a
+                for a in graded
+                if a.get("harness") == harness and correct(a) and a.get("tool_calls") is not None
+            ),
+            key=lambda a: int(a.get("policy_version") or 0),
+        )
+        half = len(solved) // 2
+        calls[harness] = (mean_calls(solved[:half]), mean_calls(solved[half:]))
     return BonusAccounting(
         groups=sum(1 for m in groups.values() if len(m) >= 2),
         signal_groups=signal,
         bonus_only_groups=bonus_only,
-        correct_calls_early=mean_calls(solved[:half]),
-        correct_calls_late=mean_calls(solved[half:]),
-        correct_multi_call_share=(
-            sum(1 for a in solved if int(a["tool_calls"]) > 1) / len(solved) if solved else None
-        ),
+        correct_calls=calls,
     )
 
 
@@ -372,10 +374,9 @@ def format_bonus_accounting(b: BonusAccounting) -> str:
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
+    per_harness = ", ".join(f"{h} {f(early)} → {f(late)}" for h, (early, late) in b.correct_calls.items())
     return (
         f"groups with two or more graded attempts {b.groups}, with signal {b.signal_groups}, of which "
         f"{b.bonus_only_groups} all correct with different call counts (the bonus the whole signal); "
-        f"tool calls per correct attempt {f(b.correct_calls_early)} in the stage's first half, "
-        f"{f(b.correct_calls_late)} in its second; correct attempts with more than one call "
-        f"{f(b.correct_multi_call_share)}"
+        f"tool calls per correct attempt, the stage's first half → its second: {per_harness or '-'}"
     )

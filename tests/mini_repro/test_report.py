@@ -271,12 +271,15 @@ def test_bonus_accounting_counts_the_groups_where_the_bonus_is_the_whole_signal(
         att("g3", 2, True, 2), att("g3", 2, False, 1),
         att("g4", 3, True, 1), att("g4", 3, False, 0, "infra_failure"),
     ]  # fmt: skip
+    attempts.append({**att("g5", 4, True, 3), "harness": "opencode"})  # a group of one: no group
     b = stats.bonus_accounting(attempts)
     assert (b.groups, b.signal_groups, b.bonus_only_groups) == (3, 2, 1)
-    # Correct attempts by policy version: 1, 2 (v0), 1, 1 (v1) | 2 (v2), 1 (v3).
-    assert b.correct_calls_early == pytest.approx(4 / 3) and b.correct_calls_late == pytest.approx(4 / 3)
-    assert b.correct_multi_call_share == pytest.approx(2 / 6)
-    assert "with signal 2, of which 1 all correct" in stats.format_bonus_accounting(b)
+    # Pi's correct attempts by policy version: 1, 2 (v0), 1 | 1 (v1), 2 (v2), 1 (v3); opencode's
+    # one correct attempt falls in its second half.
+    assert b.correct_calls["pi"] == (pytest.approx(4 / 3), pytest.approx(4 / 3))
+    assert b.correct_calls["opencode"] == (None, 3.0)
+    text = stats.format_bonus_accounting(b)
+    assert "with signal 2, of which 1 all correct" in text and "opencode - → 3.00, pi 1.33 → 1.33" in text
     # In the report, per RL stage.
     (tmp_path / "rl_mix").mkdir()
     (tmp_path / "rl_mix" / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
