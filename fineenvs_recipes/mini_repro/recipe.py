@@ -162,7 +162,7 @@ def stage_commands(
     collect = [
         "job=collect_teacher",
         "trainer=sft",
-        f"engine.policy={TEACHER_POLICIES.get(m.teacher_habit, m.teacher_habit)}",
+        f"engine.policy={TEACHER_POLICIES[m.teacher_habit]}",
         "trainer.teacher_attempts_per_task=1",
     ]
     limit = "null" if m.teacher_tasks is None else str(m.teacher_tasks)

@@ -18,9 +18,9 @@ STAGES = (
     "teacher", "base", "rl_one", "rl_mix", "rl_mix_nobonus", "sft_mix", "eval", "eval_unseen", "report"
 )  # fmt: skip
 RL_BATCH = 4
+"""Rows per forward/backward pass of the mini-reproduction's RL stages."""
 TEACHER_POLICIES = {"verify": "expert", "look": "expert_look"}
 """``recipe.teacher_habit`` -> the scripted policy (``engine.policy``) of the teacher stage."""
-"""Rows per forward/backward pass of the mini-reproduction's RL stages."""
 
 
 @dataclass
