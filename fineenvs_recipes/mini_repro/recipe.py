@@ -460,8 +460,7 @@ def _solved(ev: EvalData, stage: str, harness: str) -> int:
     """Cells of ``harness`` that ``stage``'s checkpoint solved, from the deciding attempts as the
     paired tests count them (not the eval job's ``results.json``): one rule decides every figure of
     the report, also when a report is rebuilt under a newer rule than the evaluation ran with."""
-    finals = ev.finals.get(stage, {})
-    return sum(1 for t in ev.task_ids if (f := finals.get((t, harness))) is not None and f.solved)
+    return stats.solved_count(ev.finals.get(stage, {}), ev.task_ids, harness)
 
 
 # Tool calls on co-solved cells: each checkpoint against the base, and the bonus against its control.

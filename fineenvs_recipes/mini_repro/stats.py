@@ -125,8 +125,13 @@ class Target:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def solved_count(finals: Finals, task_ids: Sequence[str], h: str) -> int:
+    """Cells of harness ``h`` over ``task_ids`` whose deciding attempt solved the task."""
+    return sum(1 for t in task_ids if _solved(finals, t, h))
+
+
 def _rate(finals: Finals, task_ids: Sequence[str], h: str) -> tuple[int, float]:
-    solved = sum(1 for t in task_ids if (a := finals.get((t, h))) is not None and a.solved)
+    solved = solved_count(finals, task_ids, h)
     return solved, solved / len(task_ids) if task_ids else 0.0
 
 
