@@ -54,11 +54,11 @@ class MiniReproSettings:
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
     teacher_habit: str = "verify"
-    """The teacher's habitual extra tool call on about half of the tasks, which its students inherit
-    and the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
-    solving (it cannot change the grade, so only the bonus has a reason to drop it), ``look`` looks
-    at the data first (the students that looked solved less often, so RL without the bonus pruned it
-    too; the recipe's habit until 2026-12-07)."""
+    """The teacher's habitual extra tool call on part of the tasks, which its students inherit and
+    the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
+    solving, on three tasks in four (it cannot change the grade, so only the bonus has a reason to
+    drop it), ``look`` looks at the data first, on one in two (the students that looked solved less
+    often, so RL without the bonus pruned it too; the recipe's habit until 2026-12-07)."""
     teacher_tasks: int | None = None
     """Training tasks the teacher attempts in the base harness (None: the whole train split)."""
     base_mix_tasks: int = 24
@@ -90,9 +90,11 @@ class MiniReproSettings:
     sft_gradient_accumulation: int = 2
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
-    rl_learning_rate: float = 1.0e-4
-    """With 24 rows per step, the learning test's setting (experiments/mini_repro/README.md). At 3e-4
-    with 16 rows RL sometimes traded one question template for another."""
+    rl_learning_rate: float = 3.0e-4
+    """With 24 rows per step. At 1e-4 (the learning test's setting, with the ``look`` habit) the 12
+    steps moved the ``verify`` students' tool calls but not their held-out pass@1 (runs P and Q,
+    experiments/mini_repro/results/2026-12-07-mini-repro-2core.md); at 3e-4 with 16 rows RL
+    sometimes traded one question template for another."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn, with the signal groups it has (None: only when its batch is full, with which a base that

@@ -18,21 +18,25 @@ What the expert knows:
   harness ends a task: Mini-SWE-Agent's submit command when the prompt asks for it, else a short
   final message.
 
-The expert also has a habit, as real models do: on about half of the tasks (decided by a hash of
-the question, so collection is reproducible) it makes one tool call the task does not need. Its
+The expert also has a habit, as real models do: on part of the tasks (decided by a hash of the
+question, so collection is reproducible) it makes one tool call the task does not need. Its
 students inherit the habit as a coin flip they cannot read off the task, which is what the
 tool-call bonus of the reward can train away: on tasks a policy solves either way, one call earns
 more than two (published: RL across harnesses cut tool calls on co-solved tasks by 31 %). Two
 habits, one policy each (``engine.policy=``; the recipe's ``recipe.teacher_habit``):
 
-- ``expert`` (**verify**, the recipe's default): after solving, it reads its answer back (``cat
-  answer.txt``) before ending. The extra call comes after ``answer.txt`` is written, so it cannot
-  change the grade: RL on correctness alone has no reason to keep or drop it, and only the bonus
-  does — the control the bonus's effect needs.
-- ``expert_look`` (**look**): it first looks at the data (``head -n 3 *.csv``), then solves. A
-  4-layer student that looked solved less often than one that did not (0.40 against 0.53 at the
-  start of RL in Pi), so RL on correctness alone pruned the look as well, and the bonus had little
-  left to do (experiments/mini_repro/results/).
+- ``expert`` (**verify**, the recipe's default): after solving, on three tasks in four, it reads
+  its answer back (``cat answer.txt``) before ending. The extra call comes after ``answer.txt`` is
+  written, so it cannot change the grade: RL on correctness alone has no reason to keep or drop it,
+  and only the bonus does — the control the bonus's effect needs. Three in four, not one in two:
+  a student of the one-in-two teacher read back on about a third of its solved tasks, and with
+  Mini-SWE-Agent's submit call in every solution, pruning every read-back of that student would
+  cut the mix's calls by about 17 %, short of the 20 % the recipe's target (5) asks of the bonus
+  (experiments/mini_repro/results/2026-12-07-mini-repro-2core.md).
+- ``expert_look`` (**look**, one task in two): it first looks at the data (``head -n 3 *.csv``),
+  then solves. A 4-layer student that looked solved less often than one that did not (0.40 against
+  0.53 at the start of RL in Pi), so RL on correctness alone pruned the look as well, and the bonus
+  had little left to do (experiments/mini_repro/results/).
 
 A conversation without a recognised task (an agent's title or summary call, say) gets a short
 plain answer, so the agent moves on.
@@ -82,10 +86,21 @@ def _question(messages: list[dict[str, Any]]) -> tuple[str, re.Match[str]] | Non
     return None
 
 
-def has_habit(messages: list[dict[str, Any]]) -> bool:
-    """Whether the expert makes its habitual extra call on this conversation's task."""
+VERIFY_SHARE = 0.75
+LOOK_SHARE = 0.5
+_HABIT_ORDER = (0, 2, 1, 3)
+"""A question's place in this order (its hash's first byte mod 4) < 4 x share: the habit's tasks at
+one in two (the first byte even, as before shares existed) are among its tasks at three in four."""
+
+
+def has_habit(messages: list[dict[str, Any]], share: float = LOOK_SHARE) -> bool:
+    """Whether the expert makes its habitual extra call on this conversation's task, a habit it has
+    on ``share`` of the tasks (a multiple of 1/4)."""
     found = _question(messages)
-    return found is not None and hashlib.sha256(found[1].group(0).encode()).digest()[0] % 2 == 0
+    if found is None:
+        return False
+    quarter = hashlib.sha256(found[1].group(0).encode()).digest()[0] % 4
+    return _HABIT_ORDER.index(quarter) < round(4 * share)
 
 
 def solution_command(messages: list[dict[str, Any]]) -> str | None:
@@ -141,14 +156,15 @@ def expert_reply(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ToolCallFormat
 ) -> str:
     """The expert's next assistant message, as text in the model's chat format; on the tasks of its
-    habit it reads its answer back before ending (``expert``)."""
+    habit (``VERIFY_SHARE`` of them) it reads its answer back before ending (``expert``)."""
     return _reply(messages, tools, fmt, look_first=False)
 
 
 def expert_reply_look(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, fmt: ToolCallFormat
 ) -> str:
-    """As ``expert_reply``, but the habit is looking at the data first (``expert_look``)."""
+    """As ``expert_reply``, but the habit is looking at the data first, on ``LOOK_SHARE`` of the
+    tasks (``expert_look``)."""
     return _reply(messages, tools, fmt, look_first=True)
 
 
@@ -164,7 +180,7 @@ def _reply(
     if command is None or tool is None:
         return NO_TASK_TEXT if command is None else DONE_TEXT
     name, key, _ = tool
-    habit = has_habit(messages)
+    habit = has_habit(messages, LOOK_SHARE if look_first else VERIFY_SHARE)
     prompt_text = "\n".join(t for m in messages for t in _texts(m))
     if not _ran(messages, command):
         if look_first and habit and not _ran(messages, LOOK_COMMAND):

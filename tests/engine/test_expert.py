@@ -18,8 +18,10 @@ from fineenvs.tasks.mini import split_specs
 from fineenvs_recipes.mini_repro.teacher import (
     DONE_TEXT,
     LOOK_COMMAND,
+    LOOK_SHARE,
     SUBMIT,
     VERIFY_COMMAND,
+    VERIFY_SHARE,
     expert_reply,
     expert_reply_look,
     has_habit,
@@ -28,8 +30,8 @@ from fineenvs_recipes.mini_repro.teacher import (
 )
 
 QUESTION = (
-    "What is the sum of the mass column (column 3) in wines.csv?\n\nData files in your working directory: "
-    "wines.csv.\nWrite only the final answer (a single number) to answer.txt in your working directory.\n"
+    "What is the sum of the mass column (column 3) in kites.csv?\n\nData files in your working directory: "
+    "kites.csv.\nWrite only the final answer (a single number) to answer.txt in your working directory.\n"
 )
 BASH = [{"type": "function", "function": {"name": "bash", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]  # fmt: skip
@@ -96,7 +98,7 @@ def test_other_harnesses_end_with_a_message_and_codex_gets_its_cmd_argument() ->
 
 
 HABITUAL = "What is the sum of the mass column (column 2) in kites.csv?"
-DIRECT = "How many data rows does vans.csv have?"
+DIRECT = "How many data rows does cars.csv have?"
 
 
 def _commands(reply: Any, question: str, finish: str) -> list[Any]:
@@ -113,26 +115,32 @@ def _commands(reply: Any, question: str, finish: str) -> list[Any]:
     raise AssertionError(f"no end after 5 replies: {out}")
 
 
-def test_the_verify_habit_reads_the_answer_back_after_solving_on_about_half_the_tasks() -> None:
+def test_the_verify_habit_reads_the_answer_back_after_solving_on_three_tasks_in_four() -> None:
     """``expert``: the habit's extra call comes after answer.txt is written (it cannot change the
     grade); in Mini-SWE-Agent it comes before the submit command."""
-    assert has_habit([{"role": "user", "content": HABITUAL}])
-    assert not has_habit([{"role": "user", "content": DIRECT}])
+    assert has_habit([{"role": "user", "content": HABITUAL}], VERIFY_SHARE)
+    assert not has_habit([{"role": "user", "content": DIRECT}], VERIFY_SHARE)
     solve = solution_command([{"role": "user", "content": HABITUAL}])
     assert _commands(expert_reply, HABITUAL, "") == [solve, VERIFY_COMMAND, DONE_TEXT]
     submit = f"\nFinish with `echo {SUBMIT}`."
     assert _commands(expert_reply, HABITUAL, submit) == [solve, VERIFY_COMMAND, f"echo {SUBMIT}", DONE_TEXT]
     direct = solution_command([{"role": "user", "content": DIRECT}])
     assert _commands(expert_reply, DIRECT, "") == [direct, DONE_TEXT]
-    # decided by the question alone (reproducible), about half of every split
+    # decided by the question alone (reproducible): three in four of every split for verify, one in
+    # two for look, and the look's tasks among the verify's (the habit's tasks grow with its share)
     for split in ("train", "eval"):
         specs = split_specs(split)
-        share = sum(has_habit([{"role": "user", "content": s.question}]) for s in specs) / len(specs)
-        assert 0.3 <= share <= 0.7, (split, share)
+        verify = [has_habit([{"role": "user", "content": s.question}], VERIFY_SHARE) for s in specs]
+        look = [has_habit([{"role": "user", "content": s.question}], LOOK_SHARE) for s in specs]
+        # (train: 0.64; a rows question names only its file, so few distinct ones decide that share)
+        assert 0.6 <= sum(verify) / len(specs) <= 0.9, (split, sum(verify) / len(specs))
+        assert 0.35 <= sum(look) / len(specs) <= 0.65, (split, sum(look) / len(specs))
+        assert all(v for v, lk in zip(verify, look, strict=True) if lk) and sum(verify) > sum(look)
 
 
 def test_the_look_habit_looks_at_the_data_first_on_the_same_tasks() -> None:
     """``expert_look`` (the recipe's habit until 2026-12-07): look (head), then solve, then end."""
+    assert has_habit([{"role": "user", "content": HABITUAL}], LOOK_SHARE)
     solve = solution_command([{"role": "user", "content": HABITUAL}])
     assert _commands(expert_reply_look, HABITUAL, "") == [LOOK_COMMAND, solve, DONE_TEXT]
     direct = solution_command([{"role": "user", "content": DIRECT}])

@@ -90,13 +90,13 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
             {"correctness": 1.0} if name == "rl_mix_nobonus" else {"correctness": 1.0, "tool_efficiency": 0.1}
         )
         assert r.reward.terms == bonus
-        # The learning test's RL (run K): groups of 8, all in flight at once, 24 rows per step at
-        # lr 1e-4, a step ends after 12 groups drawn.
+        # The learning test's RL (run K) but for the learning rate: groups of 8, all in flight at
+        # once, 24 rows per step, a step ends after 12 groups drawn; lr 3e-4 (the test: 1e-4).
         assert r.trainer.dynamic_sampling_max_groups == 12
         assert r.scheduler.harness_selection is HarnessSelection.shuffled  # not tied to the templates
         assert r.scheduler.group_size == 8 and r.scheduler.max_inflight == 8
         assert r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 24
-        assert r.trainer.learning_rate == 1e-4
+        assert r.trainer.learning_rate == 3e-4
         # In-training evaluations at step 6 only: the eval stage measures the final checkpoint.
         assert r.trainer.eval_steps == 6 and not r.trainer.eval_at_end and r.trainer.max_steps == 12
         assert [k for k in range(1, 13) if in_training_eval_due(k, r.trainer)] == [6]
