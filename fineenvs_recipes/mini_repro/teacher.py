@@ -93,9 +93,13 @@ _HABIT_ORDER = (0, 2, 1, 3)
 one in two (the first byte even, as before shares existed) are among its tasks at three in four."""
 
 
-def has_habit(messages: list[dict[str, Any]], share: float = LOOK_SHARE) -> bool:
+def has_habit(messages: list[dict[str, Any]], share: float) -> bool:
     """Whether the expert makes its habitual extra call on this conversation's task, a habit it has
     on ``share`` of the tasks (a multiple of 1/4)."""
+    if share * 4 != round(share * 4) or not 0 <= share <= 1:
+        raise ValueError(
+            f"habit share {share}: the habit's tasks come in quarters; use 0, 0.25, 0.5, 0.75 or 1"
+        )
     found = _question(messages)
     if found is None:
         return False

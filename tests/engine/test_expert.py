@@ -3,6 +3,7 @@ tool calls, follow each harness's way of ending a task, and come out of the real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -136,9 +137,13 @@ def test_the_verify_habit_reads_the_answer_back_after_solving_on_three_tasks_in_
         assert 0.6 <= sum(verify) / len(specs) <= 0.9, (split, sum(verify) / len(specs))
         assert 0.35 <= sum(look) / len(specs) <= 0.65, (split, sum(look) / len(specs))
         assert all(v for v, lk in zip(verify, look, strict=True) if lk) and sum(verify) > sum(look)
+        # the look's tasks as before shares existed (the learning test's teacher): first byte even
+        assert look == [hashlib.sha256(s.question.encode()).digest()[0] % 2 == 0 for s in specs]
+    with pytest.raises(ValueError, match="quarters"):
+        has_habit([{"role": "user", "content": HABITUAL}], 0.6)
 
 
-def test_the_look_habit_looks_at_the_data_first_on_the_same_tasks() -> None:
+def test_the_look_habit_looks_at_the_data_first_on_one_task_in_two() -> None:
     """``expert_look`` (the recipe's habit until 2026-12-07): look (head), then solve, then end."""
     assert has_habit([{"role": "user", "content": HABITUAL}], LOOK_SHARE)
     solve = solution_command([{"role": "user", "content": HABITUAL}])
