@@ -98,7 +98,8 @@ def has_habit(messages: list[dict[str, Any]], share: float) -> bool:
     on ``share`` of the tasks (a multiple of 1/4)."""
     if share * 4 != round(share * 4) or not 0 <= share <= 1:
         raise ValueError(
-            f"habit share {share}: the habit's tasks come in quarters; use 0, 0.25, 0.5, 0.75 or 1"
+            f"habit share {share}: a question's hash picks one of four quarters, so the habit's "
+            "share is a multiple of 1/4. Fix: 0, 0.25, 0.5, 0.75 or 1"
         )
     found = _question(messages)
     if found is None:
