@@ -92,10 +92,9 @@ class MiniReproSettings:
     rl_steps: int = 12
     rl_learning_rate: float = 3.0e-4
     """With 24 rows per step. At 1e-4 (the learning test's setting, with the ``look`` habit) the 12
-    steps moved the ``verify`` students' tool calls but not their held-out pass@1 (runs P and Q);
-    at 3e-4 RL across the mix gained 20 / 12 cells and the bonus's cut showed against its control,
-    but RL in Pi alone lost OpenCode, where from the same base 1e-4 lifted Pi 4 / 0 (run R, probe
-    S: experiments/mini_repro/results/2026-12-07-mini-repro-run-r-2core.md)."""
+    steps moved the ``verify`` students' tool calls but not their held-out pass@1; at 3e-4 the
+    bonus's cut showed against its control, but RL in one harness did better at 1e-4
+    (experiments/mini_repro/results/2026-12-07-mini-repro-run-r-2core.md)."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn, with the signal groups it has (None: only when its batch is full, with which a base that

@@ -29,10 +29,9 @@ habits, one policy each (``engine.policy=``; the recipe's ``recipe.teacher_habit
   its answer back (``cat answer.txt``) before ending. The extra call comes after ``answer.txt`` is
   written, so it cannot change the grade: RL on correctness alone has no reason to keep or drop it,
   and only the bonus does — the control the bonus's effect needs. Three in four, not one in two:
-  a student of the one-in-two teacher read back on about a third of its solved tasks, and with
-  Mini-SWE-Agent's submit call in every solution, pruning every read-back of that student would
-  cut the mix's calls by about 17 %, short of the 20 % the recipe's target (5) asks of the bonus
-  (experiments/mini_repro/results/2026-12-07-mini-repro-2core.md).
+  a student of the one-in-two teacher read back on too few of its solved tasks for pruning every
+  read-back to reach the 20 % cut the recipe's target (5) asks of the bonus
+  (experiments/mini_repro/README.md).
 - ``expert_look`` (**look**, one task in two): it first looks at the data (``head -n 3 *.csv``),
   then solves. A 4-layer student that looked solved less often than one that did not (0.40 against
   0.53 at the start of RL in Pi), so RL on correctness alone pruned the look as well, and the bonus
