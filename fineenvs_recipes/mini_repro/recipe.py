@@ -65,7 +65,9 @@ def _list(values: list[str]) -> str:
     return "[" + ",".join(values) + "]"
 
 
-def _rl_overrides(m: MiniReproSettings, harnesses: list[str], base: Path) -> list[str]:
+def _rl_overrides(
+    m: MiniReproSettings, harnesses: list[str], base: Path, learning_rate: float | None = None
+) -> list[str]:
     return [
         "job=rl",
         "trainer=grpo",
@@ -73,7 +75,7 @@ def _rl_overrides(m: MiniReproSettings, harnesses: list[str], base: Path) -> lis
         f"model.path={base}",
         f"harness={_list(harnesses)}",
         f"trainer.max_steps={m.rl_steps}",
-        f"trainer.learning_rate={m.rl_learning_rate}",
+        f"trainer.learning_rate={m.rl_learning_rate if learning_rate is None else learning_rate}",
         f"trainer.save_steps={m.eval_every}",
         f"trainer.eval_steps={m.eval_every}",
         # The eval stage evaluates the final checkpoint on the whole matrix: the hook's own
@@ -183,7 +185,7 @@ def stage_commands(
         commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={held + base_mix}"])
     base = checkpoints.get("base")
     if base is not None:
-        commands["rl_one"] = [[*_rl_overrides(m, [m.base_harness], base), *engine]]
+        commands["rl_one"] = [[*_rl_overrides(m, [m.base_harness], base, m.rl_one_learning_rate), *engine]]
         commands["rl_mix"] = [[*_rl_overrides(m, list(m.harnesses), base), *engine]]
         # The bonus's control: rl_mix to the letter but for the reward (correctness alone), so the
         # report can tell the bonus's tool-call cut from what any RL (or SFT) does to call counts.

@@ -91,10 +91,14 @@ class MiniReproSettings:
     """Rollouts per SFT optimizer step (one example per rollout: ``trainer.merge_turns``)."""
     rl_steps: int = 12
     rl_learning_rate: float = 3.0e-4
-    """With 24 rows per step. At 1e-4 (the learning test's setting, with the ``look`` habit) the 12
-    steps moved the ``verify`` students' tool calls but not their held-out pass@1; at 3e-4 the
-    bonus's cut showed against its control, but RL in one harness did better at 1e-4
+    """``rl_mix`` and ``rl_mix_nobonus``, with 24 rows per step. At 1e-4 (the learning test's
+    setting, with the ``look`` habit) the 12 steps moved the ``verify`` students' tool calls but
+    not their held-out pass@1; at 3e-4 the bonus's cut showed against its control
     (experiments/mini_repro/results/2026-12-07-mini-repro-run-r-2core.md)."""
+    rl_one_learning_rate: float | None = 1.0e-4
+    """``rl_one``'s (None: ``rl_learning_rate``). Its 12 steps put every row into one harness's
+    format: at 3e-4 it lost pass@1 in the harnesses it did not train in, at 1e-4 it lifted its
+    own and lost nothing (same results file)."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn, with the signal groups it has (None: only when its batch is full, with which a base that
@@ -126,6 +130,12 @@ class MiniReproSettings:
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             p.append(f"recipe.stages has {unknown or 'nothing'}; choose from {list(STAGES)} (in order)")
+        rates = {"rl_learning_rate": self.rl_learning_rate, "rl_one_learning_rate": self.rl_one_learning_rate}
+        for name, rate in rates.items():
+            if rate is not None and not rate > 0:
+                p.append(
+                    f"recipe.{name}={rate}: a learning rate must be above 0. Fix: e.g. 1e-4 (the defaults: 3e-4 across the mix, 1e-4 in one harness)"
+                )
         if self.rl_rows_per_step < RL_BATCH or self.rl_rows_per_step % RL_BATCH:
             p.append(
                 f"recipe.rl_rows_per_step={self.rl_rows_per_step}: the RL stages train {RL_BATCH} rows per "

@@ -94,6 +94,7 @@ def test_rl_raises_reward_and_held_out_pass_at_1(tmp_path: Path) -> None:
         # question template for another; at 1e-4 with three groups a step it kept all three.
         f"recipe.rl_rows_per_step={RL_ROWS_PER_STEP}",
         f"recipe.rl_learning_rate={RL_LEARNING_RATE}",
+        f"recipe.rl_one_learning_rate={RL_LEARNING_RATE}",  # the stage this test measures
         # A step ends after 12 groups drawn: a policy that always solves or always fails its training
         # tasks (seen after 8 steps) would otherwise keep a step drawing forever.
         "recipe.rl_max_groups_per_step=12",

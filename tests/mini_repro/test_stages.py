@@ -91,12 +91,13 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         )
         assert r.reward.terms == bonus
         # The learning test's RL (run K) but for the learning rate: groups of 8, all in flight at
-        # once, 24 rows per step, a step ends after 12 groups drawn; lr 3e-4 (the test: 1e-4).
+        # once, 24 rows per step, a step ends after 12 groups drawn; lr 3e-4 across the mix and
+        # 1e-4 in one harness (the test: 1e-4 in both).
         assert r.trainer.dynamic_sampling_max_groups == 12
         assert r.scheduler.harness_selection is HarnessSelection.shuffled  # not tied to the templates
         assert r.scheduler.group_size == 8 and r.scheduler.max_inflight == 8
         assert r.trainer.per_device_batch_size * r.trainer.gradient_accumulation_steps == 24
-        assert r.trainer.learning_rate == 3e-4
+        assert r.trainer.learning_rate == (1e-4 if name == "rl_one" else 3e-4)
         # In-training evaluations at step 6 only: the eval stage measures the final checkpoint.
         assert r.trainer.eval_steps == 6 and not r.trainer.eval_at_end and r.trainer.max_steps == 12
         assert [k for k in range(1, 13) if in_training_eval_due(k, r.trainer)] == [6]
@@ -251,6 +252,8 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
         ConfigError, match=r"teacher_habit='peek' is not a habit.*Fix: one of \['look', 'verify'\]"
     ):
         _load(f"output_dir={tmp_path}", "recipe.teacher_habit=peek")
+    with pytest.raises(ConfigError, match=r"rl_one_learning_rate=0.0: a learning rate must be above 0.*Fix"):
+        _load(f"output_dir={tmp_path}", "recipe.rl_one_learning_rate=0")
     assert not (tmp_path / "teacher").exists()
 
 
