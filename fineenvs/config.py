@@ -352,6 +352,12 @@ class EvalSpec:
     the model was cut at the output cap (``EvalAttempt.infra_failure``). The cell's first attempt
     that is not one decides it."""
     concurrency: int = 35
+    common_random_numbers: bool = True
+    """Every checkpoint draws the same random numbers on a cell: the proxy seeds a cell's i-th
+    model call from the run's ``seed``, the task, the harness, the try and i, so two checkpoints'
+    samples on a cell differ where their policies do, not by the sampler's luck (paired comparisons
+    need fewer cells), and rerunning an evaluation reproduces its draws up to the engine's batch
+    numerics. false: each call draws from the engine's shared stream, in arrival order."""
     subset_during_training: int | None = 50
     """Tasks evaluated by the in-training hook every trainer.eval_steps (None: the whole split)."""
 

@@ -89,6 +89,17 @@ class EvalAttemptRunner(ProxyAttemptRunner):
     """The RL attempt runner without training rows: token accounting from the proxy's records
     instead, and whether the agent left an answer (a crash or timeout without one is retried)."""
 
+    common_seed: int | None = None
+    """Set (``eval.common_random_numbers``: the run's seed): each cell's sessions get a sampling
+    seed from this, the task, the harness and the try, the same for every checkpoint."""
+
+    def sampling_seed(self, group: PlannedGroup, attempt_id: str) -> int | None:
+        if self.common_seed is None:
+            return None
+        return cell_seed(
+            self.common_seed, group.task_id, group.harness, attempt_id.removeprefix(group.group_id)
+        )
+
     def _rows(self, calls: list[CallRecord], outcome: AttemptOutcome) -> tuple[list[Row], dict[str, float]]:
         return [], {
             "prompt_tokens": float(sum(len(c["prompt_ids"]) for c in calls)),
@@ -101,6 +112,14 @@ class EvalAttemptRunner(ProxyAttemptRunner):
         answer = self.settings.attempts_dir / group.group_id / outcome.attempt_id / "work" / "answer.txt"
         outcome.metrics["answered"] = float(answer.is_file())
         return outcome
+
+
+def cell_seed(run_seed: int, task_id: str, harness: str, attempt: str) -> int:
+    """The proxy session seed of one cell's attempt (``attempt``: which try, e.g. ``-try0``): a
+    checkpoint's draws on a cell are the same as every other checkpoint's; cells, tries and run
+    seeds get unrelated ones."""
+    key = f"{run_seed}/{task_id}/{harness}/{attempt}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
 def _record(checkpoint: str, try_index: int, outcome: AttemptOutcome, step: int | None) -> EvalAttempt:
@@ -270,6 +289,8 @@ async def _evaluate_served(
     )
     if remote is not None:  # scheduler.backend=ray: the cells' attempts run on the cluster
         runner.settings.remote = remote
+    if run.eval.common_random_numbers and isinstance(runner, EvalAttemptRunner):
+        runner.common_seed = run.seed
     try:
         return await run_cells(
             runner,

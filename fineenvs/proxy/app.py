@@ -56,8 +56,10 @@ from fineenvs.proxy.upstream import (
     UpstreamError,
     VersionBracket,
     build_engine_request,
+    call_seed,
     decode_reply,
     post_with_retries,
+    with_seed,
 )
 from fineenvs.proxy.websocket import serve_websocket
 from fineenvs.proxy.wire import bearer, json_response
@@ -214,6 +216,10 @@ class ProxyApp:
         session.model_calls += 1
         index = session.next_index
         session.next_index += 1
+        if session.sampling_seed is not None:
+            seed = call_seed(session.sampling_seed, index)
+            prepared.payload = with_seed(prepared.payload, seed)
+            prepared.fields["sampling_applied"] = {**prepared.fields["sampling_applied"], "seed": seed}
         task = asyncio.create_task(self.forward_call(prepared, index))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

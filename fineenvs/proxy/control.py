@@ -143,6 +143,15 @@ class ControlPlane:
             return json_response(
                 {"error": f"fineenvs proxy: max_model_calls must be an integer, got {budget!r}."}, 400
             )
+        seed = payload.get("sampling_seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            return json_response(
+                {
+                    "error": f"fineenvs proxy: sampling_seed must be an integer in [0, 2**63), got {seed!r}; "
+                    "omit it to let the engine draw from its own stream."
+                },
+                400,
+            )
         session_id = payload.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
@@ -167,7 +176,7 @@ class ControlPlane:
                 return forwarded
         try:
             session, key = await self.proxy.sessions.create(
-                metadata, max_model_calls=budget, session_id=session_id
+                metadata, max_model_calls=budget, session_id=session_id, sampling_seed=seed
             )
         except ValueError as exc:
             return json_response({"error": f"fineenvs proxy: {exc}"}, 400)
@@ -179,6 +188,7 @@ class ControlPlane:
                 "base_url": f"{base}/s/{key}",
                 "max_model_calls": session.max_model_calls,
                 "metadata": session.metadata,
+                **({"sampling_seed": session.sampling_seed} if session.sampling_seed is not None else {}),
                 **({"shard": self.proxy.shard[0]} if self.proxy.shard[1] > 1 else {}),
             },
             201,

@@ -41,6 +41,13 @@ def shard_of(session_id: str, shards: int) -> int:
     return int.from_bytes(digest, "big") % shards
 
 
+def _seed_or_none(value: object) -> int | None:
+    """``value`` when it is a usable session seed (an int in [0, 2**63), not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    return None
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -65,6 +72,9 @@ class Session:
     next_index: int = 0
     hydrated: bool = True
     harness_ids: dict[str, list[str]] = field(default_factory=dict)
+    sampling_seed: int | None = None
+    """Set: call ``i`` of the session is sampled with the engine seed ``call_seed(sampling_seed, i)``
+    (common random numbers, ``fineenvs.proxy.upstream``); None: the engine's own stream."""
 
     def meta(self) -> JsonObject:
         return {
@@ -74,6 +84,7 @@ class Session:
             "max_model_calls": self.max_model_calls,
             "created_at": self.created_at,
             "closed": self.closed,
+            "sampling_seed": self.sampling_seed,
         }
 
     def stats(self) -> JsonObject:
@@ -122,6 +133,7 @@ class SessionRegistry:
                     created_at=float(meta["created_at"]),
                     closed=bool(meta.get("closed")),
                     hydrated=False,
+                    sampling_seed=_seed_or_none(meta.get("sampling_seed")),
                 )
             except (KeyError, TypeError, ValueError):
                 continue
@@ -130,7 +142,12 @@ class SessionRegistry:
                 self.by_digest[session.key_sha256] = session
 
     async def create(
-        self, metadata: JsonObject, *, max_model_calls: int | None = None, session_id: str | None = None
+        self,
+        metadata: JsonObject,
+        *,
+        max_model_calls: int | None = None,
+        session_id: str | None = None,
+        sampling_seed: int | None = None,
     ) -> tuple[Session, str]:
         if session_id is None:
             session_id = new_session_id()
@@ -147,8 +164,15 @@ class SessionRegistry:
         budget = self.default_max_model_calls if max_model_calls is None else max_model_calls
         if budget < 1:
             raise ValueError(f"max_model_calls={budget} must be >= 1.")
+        if sampling_seed is not None and _seed_or_none(sampling_seed) is None:
+            raise ValueError(
+                f"sampling_seed={sampling_seed!r} must be an integer in [0, 2**63); omit it to let the "
+                "engine draw from its own stream."
+            )
         key = secrets.token_urlsafe(32)
-        session = Session(session_id, key_digest(key), metadata, budget, time.time())
+        session = Session(
+            session_id, key_digest(key), metadata, budget, time.time(), sampling_seed=sampling_seed
+        )
         await self.store.create_session(session_id, session.meta())
         self.by_id[session_id] = session
         self.by_digest[session.key_sha256] = session

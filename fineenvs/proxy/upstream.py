@@ -19,6 +19,7 @@ What is not covered: the engine's capability probe (``fineenvs.engine``), per-se
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -171,6 +172,26 @@ def build_engine_request(canonical: JsonObject, settings: ProxySettings) -> Engi
         include_reasoning=True,
     )
     return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning, requested_format)
+
+
+def call_seed(session_seed: int, index: int) -> int:
+    """The engine seed of call ``index`` of a session created with ``sampling_seed``.
+
+    Common random numbers: two sessions given the same seed (the evaluation gives one per cell,
+    the same for every checkpoint) sample their i-th calls with the same random draws, so where two
+    policies' outputs differ it is the policies, not the sampler's luck; a rerun reproduces the
+    draws. Hashed rather than ``seed + index`` so neighbouring cells share no draws; below 2**31,
+    a range every engine's seed field accepts."""
+    digest = hashlib.blake2b(f"{session_seed}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**31
+
+
+def with_seed(payload: bytes, seed: int) -> bytes:
+    """``payload`` (a serialized engine body, which never carries a ``seed``: the agent's goes to
+    the record only) with ``seed`` added, without parsing it again."""
+    if not payload.endswith(b"}"):
+        raise ValueError("an engine payload is a JSON object")
+    return payload[:-1] + b',"seed":' + str(seed).encode() + b"}"
 
 
 def _requested_format(body: JsonObject) -> JsonObject | None:

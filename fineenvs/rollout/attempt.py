@@ -108,19 +108,25 @@ class ProxyAttemptRunner:
         outcome.reward_terms = dict(reward.terms)
         return outcome
 
+    def sampling_seed(self, group: PlannedGroup, attempt_id: str) -> int | None:
+        """The session's ``sampling_seed`` (the proxy seeds each of its calls from it), or None for
+        the engine's own stream: training wants a group's attempts to draw independently."""
+        return None
+
     async def _open_session(self, group: PlannedGroup, attempt_id: str, policy_version: int) -> JsonObject:
         """A proxy session for the attempt: its key, base URL and model-call budget."""
-        resp = await self.client.post(
-            "/sessions",
-            json={
-                "task": group.task_id,
-                "group": group.group_id,
-                "harness": group.harness,
-                "attempt": attempt_id,
-                "policy_version": policy_version,
-                "max_model_calls": self.settings.max_model_calls,
-            },
-        )
+        body: JsonObject = {
+            "task": group.task_id,
+            "group": group.group_id,
+            "harness": group.harness,
+            "attempt": attempt_id,
+            "policy_version": policy_version,
+            "max_model_calls": self.settings.max_model_calls,
+        }
+        seed = self.sampling_seed(group, attempt_id)
+        if seed is not None:
+            body["sampling_seed"] = seed
+        resp = await self.client.post("/sessions", json=body)
         resp.raise_for_status()
         session: JsonObject = resp.json()
         return session

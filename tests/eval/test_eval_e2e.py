@@ -14,6 +14,8 @@ import pytest
 
 from fineenvs.harnesses import check_installed
 from fineenvs.paths import REPO_ROOT
+from fineenvs.proxy.store import CallStore
+from fineenvs.trajectory.record import CallRecord
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +62,24 @@ def test_eval_two_checkpoints_end_to_end_and_resume(tmp_path: Path, tiny_qwen_di
     # Each checkpoint had its own engine and proxy; the agent wrote its attempt folders there.
     assert len(list((out / "eval").glob("*/proxy.log"))) == 2
     assert len(list((out / "eval").glob("*/attempts/*/*/attempt.json"))) == len(attempts)
+
+    # Common random numbers (eval.common_random_numbers, the default): a cell's i-th call gets the
+    # same engine seed under both checkpoints, so the same weights sample the same tokens there.
+    first_calls: dict[str, dict[str, CallRecord]] = {}
+    for meta_file in (out / "eval").glob("*/records/sessions/*/meta.json"):
+        meta = json.loads(meta_file.read_text())
+        store = CallStore(meta_file.parents[2])
+        calls = store.read_session(meta["session_id"])["calls"]
+        store.close()
+        if calls and meta["metadata"]["attempt"].endswith("-try0"):
+            first_calls.setdefault(meta["metadata"]["task"], {})[str(meta_file.parents[3])] = calls[0]
+    pairs = [list(by_ckpt.values()) for by_ckpt in first_calls.values() if len(by_ckpt) == 2]
+    assert pairs, f"no cell with a first call under both checkpoints: {first_calls}"
+    for a, b in pairs:
+        assert a["sampling_applied"]["seed"] == b["sampling_applied"]["seed"]
+        assert a["prompt_ids"] == b["prompt_ids"] and a["sampled_ids"] == b["sampled_ids"]
+    seeds = [a["sampling_applied"]["seed"] for a, _ in pairs]
+    assert len(set(seeds)) == len(seeds)  # cells draw unrelated numbers
 
     # Same output directory again: graded cells are skipped, no engine starts.
     graded = {(a["checkpoint"], a["task_id"]) for a in attempts if a["reward"] is not None}

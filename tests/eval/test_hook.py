@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -200,3 +202,51 @@ def test_run_eval_orchestration_and_resume(
     served.clear()
     assert ev.run_eval(run) == 0.5 and served == []  # every cell graded: nothing served again
     assert "already graded" in capsys.readouterr().out
+
+
+def test_every_checkpoint_gets_the_same_sampling_seed_on_a_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval.common_random_numbers (on by default): the runner asks the proxy for a session seed
+    from the run's seed, task, harness and try; the same for every checkpoint, unrelated otherwise."""
+    run = _run(tmp_path, "eval.limit=2")
+    runners: list[Any] = []
+
+    async def keep_runner(runner: Any, **kw: Any) -> list[Any]:
+        runners.append(runner)
+        return []
+
+    monkeypatch.setattr(ev, "run_cells", keep_runner)
+    tasks = ev.eval_tasks(run, 2)
+    off = replace(run, eval=replace(run.eval, common_random_numbers=False))
+    for r, checkpoint in ((run, "base"), (run, "step-12"), (replace(run, seed=1), "base"), (off, "base")):
+        asyncio.run(
+            ev._evaluate_served(
+                r, checkpoint=checkpoint, out=tmp_path / checkpoint, proxy_url="http://proxy",
+                served="tiny_qwen", tasks=tasks, records=tmp_path / "attempts.jsonl", prior=[],
+            )
+        )  # fmt: skip
+    base, step, seed_1, not_common = runners
+    a, b = (t.task_id for t in tasks)
+
+    def seed(runner: Any, task: str, harness: str = "pi", attempt: str = "-try0") -> int | None:
+        group = PlannedGroup(0, f"t00000-{harness}", 0, 0, task, harness, (f"t00000-{harness}{attempt}",))
+        return runner.sampling_seed(group, group.attempt_ids[0])  # type: ignore[no-any-return]
+
+    assert seed(base, a) == seed(step, a) is not None
+    others = {seed(base, b), seed(base, a, "opencode"), seed(base, a, attempt="-try1"), seed(seed_1, a)}
+    assert seed(base, a) not in others and len(others) == 4
+    assert seed(not_common, a) is None
+
+    # The seed travels in the session request; without one the request carries none.
+    bodies: list[dict[str, Any]] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(201, json={"session_id": "s1", "key": "k", "base_url": "http://p/s/k"})
+
+    group = PlannedGroup(0, "t00000-pi", 0, 0, a, "pi", ("t00000-pi-try0",))
+    for runner in (step, not_common):
+        runner.client = httpx.AsyncClient(transport=httpx.MockTransport(proxy), base_url="http://proxy")
+        asyncio.run(runner._open_session(group, "t00000-pi-try0", 0))
+    assert bodies[0]["sampling_seed"] == seed(base, a) and "sampling_seed" not in bodies[1]

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 from fineenvs.proxy.store import CallStore
+from fineenvs.proxy.upstream import call_seed
 
 
 def chat(h: Any, base: str, messages: list[dict[str, Any]], **extra: Any) -> Any:
@@ -118,6 +119,42 @@ def test_budget_override_per_session(make_proxy: Any) -> None:
     r = chat(h, base, [{"role": "user", "content": "b"}])
     assert "model calls" in r.json()["choices"][0]["message"]["content"]
     assert len(h.engine.requests) == 1
+
+
+def test_a_session_seed_gives_each_call_its_own_engine_seed_the_same_in_every_session(
+    make_proxy: Any, tmp_path: Any
+) -> None:
+    h = make_proxy(store_dir=tmp_path / "st")
+    a, b, free = h.session(sampling_seed=12345), h.session(sampling_seed=12345), h.session()
+    assert a["sampling_seed"] == 12345 and "sampling_seed" not in free
+    msgs = [{"role": "user", "content": "hi"}]
+    sent: dict[str, list[Any]] = {}
+    for name, s in (("a", a), ("b", b), ("free", free)):
+        for _ in range(2):
+            # The agent's own seed is recorded, never applied: the session's decides.
+            assert chat(h, f"/s/{s['key']}", msgs, seed=7).status_code == 200
+            sent.setdefault(name, []).append(h.engine.requests[-1].get("seed"))
+    assert sent["a"] == sent["b"] == [call_seed(12345, 0), call_seed(12345, 1)]
+    assert sent["a"][0] != sent["a"][1] and all(0 <= x < 2**31 for x in sent["a"])
+    assert sent["free"] == [None, None]
+    calls = h.store.read_session(a["session_id"])["calls"]
+    assert [c["sampling_applied"]["seed"] for c in calls] == sent["a"]
+    assert all(c["sampling_requested"]["seed"] == 7 for c in calls)
+    assert "seed" not in h.store.read_session(free["session_id"])["calls"][0]["sampling_applied"]
+    # A proxy restarted on the same store keeps the session's seed and its call count.
+    h.store.close()
+    h2 = make_proxy(store_dir=tmp_path / "st")
+    assert chat(h2, f"/s/{a['key']}", msgs).status_code == 200
+    assert h2.engine.requests[-1]["seed"] == call_seed(12345, 2)
+
+
+def test_a_bad_session_seed_is_refused_with_the_fix(make_proxy: Any) -> None:
+    h = make_proxy()
+    for bad in (-1, 2**63, "3", True, 1.5):
+        r = h.run(h.client.post("/sessions", json={"sampling_seed": bad}))
+        assert r.status_code == 400, (bad, r.text)
+        assert "sampling_seed" in r.json()["error"] and "[0, 2**63)" in r.json()["error"]
+    assert h.admin("GET", "/sessions").json()["sessions"] == []
 
 
 def test_delta_encoded_multi_turn_reads_back_exactly_and_is_smaller(make_proxy: Any) -> None:
