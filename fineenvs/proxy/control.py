@@ -143,15 +143,7 @@ class ControlPlane:
             return json_response(
                 {"error": f"fineenvs proxy: max_model_calls must be an integer, got {budget!r}."}, 400
             )
-        seed = payload.get("sampling_seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            return json_response(
-                {
-                    "error": f"fineenvs proxy: sampling_seed must be an integer in [0, 2**63), got {seed!r}; "
-                    "omit it to let the engine draw from its own stream."
-                },
-                400,
-            )
+        seed = payload.get("sampling_seed")  # checked by the registry, which names the fix
         session_id = payload.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             return json_response({"error": "fineenvs proxy: session_id must be a string."}, 400)
