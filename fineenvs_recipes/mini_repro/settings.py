@@ -97,8 +97,8 @@ class MiniReproSettings:
     (experiments/mini_repro/results/2026-12-07-mini-repro-run-r-2core.md)."""
     rl_one_learning_rate: float | None = 1.0e-4
     """``rl_one``'s (None: ``rl_learning_rate``). Its 12 steps put every row into one harness's
-    format: at 3e-4 it lost pass@1 in the harnesses it did not train in, at 1e-4 it lifted its
-    own and lost nothing (same results file)."""
+    format: at 3e-4 it lost pass@1 in the harnesses it did not train in; at 1e-4 it moves few
+    cells, most of them up in its own harness (experiments/mini_repro/results/)."""
     rl_max_groups_per_step: int | None = 12
     """``trainer.dynamic_sampling_max_groups`` of the RL stages: a step ends after this many groups
     drawn, with the signal groups it has (None: only when its batch is full, with which a base that
