@@ -270,3 +270,48 @@ def test_pushes_under_32_agents_surface_no_error(
     )
     assert {50, 51, 52, 53, 54} <= versions, versions
     assert across > 0, "no call was frozen across a push: the pushes did not meet calls in flight"
+
+
+def test_a_session_seed_reaches_vllm_and_repeats_its_draws(
+    server: Any, syncs: Any, models: dict[int, Path], tmp_path: Path
+) -> None:
+    """Common random numbers on the real engine: two proxy sessions with the same ``sampling_seed``
+    sample the same tokens at each call index (the seed the proxy adds is one vLLM honours), while
+    another call index or another session seed draws differently."""
+    from fineenvs.proxy.store import CallStore
+    from fineenvs.proxy.upstream import call_seed
+    from tests.harnesses.stack import ADMIN_KEY, start_proxy
+
+    _serve(syncs, models, 0, 60)
+    proxy = start_proxy(server.url, "tiny_agent", tmp_path / "records", ("--max-output-tokens", str(TOKENS)))
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    sessions = {}
+    try:
+        with httpx.Client(timeout=300) as client:
+            for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+                made = client.post(f"{proxy.url}/sessions", json={"sampling_seed": seed}, headers=admin)
+                made.raise_for_status()
+                sessions[name] = made.json()
+                for _ in range(2):
+                    reply = client.post(
+                        f"{proxy.url}/s/{sessions[name]['key']}/v1/chat/completions",
+                        json={"model": "tiny_agent", "messages": [{"role": "user", "content": "go"}],
+                              "max_tokens": TOKENS, "ignore_eos": True, "seed": 1},
+                    )  # fmt: skip
+                    assert reply.status_code == 200, reply.text
+    finally:
+        proxy.stop()
+    store = CallStore(proxy.store_dir)
+    sampled = {
+        n: [c["sampled_ids"] for c in store.read_session(s["session_id"])["calls"]]
+        for n, s in sessions.items()
+    }
+    seeds = {
+        n: [c["sampling_applied"]["seed"] for c in store.read_session(s["session_id"])["calls"]]
+        for n, s in sessions.items()
+    }
+    store.close()
+    assert seeds["a"] == seeds["b"] == [call_seed(7, 0), call_seed(7, 1)] and seeds["c"][0] == call_seed(8, 0)
+    assert all(len(ids) == TOKENS for calls in sampled.values() for ids in calls)
+    assert sampled["a"] == sampled["b"]
+    assert sampled["a"][0] != sampled["a"][1] and sampled["a"][0] != sampled["c"][0]
