@@ -54,6 +54,7 @@ from fineenvs.jobs.errors import EvalError, RunAborted
 from fineenvs.jobs.runtime import attempt_runner, check_harnesses, job_runtime
 from fineenvs.jsonl import JsonObject
 from fineenvs.metrics import MetricLogger
+from fineenvs.proxy.upstream import derived_seed
 from fineenvs.results import (
     EvalAttempt,
     append_attempt,
@@ -118,8 +119,7 @@ def cell_seed(run_seed: int, task_id: str, harness: str, attempt: str) -> int:
     """The proxy session seed of one cell's attempt (``attempt``: which try, e.g. ``-try0``): a
     checkpoint's draws on a cell are the same as every other checkpoint's; cells, tries and run
     seeds get unrelated ones."""
-    key = f"{run_seed}/{task_id}/{harness}/{attempt}".encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+    return derived_seed(run_seed, task_id, harness, attempt)
 
 
 def _record(checkpoint: str, try_index: int, outcome: AttemptOutcome, step: int | None) -> EvalAttempt:

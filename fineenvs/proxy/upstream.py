@@ -174,16 +174,22 @@ def build_engine_request(canonical: JsonObject, settings: ProxySettings) -> Engi
     return EngineRequest(body, requested, applied, max_requested, notes, hide_reasoning, requested_format)
 
 
+def derived_seed(*parts: object) -> int:
+    """A seed that depends on ``parts`` only, the same in every process and run: hashed, not
+    summed, so neighbouring inputs share no draws; below 2**31, a range every engine's seed field
+    (and a session's ``sampling_seed``) accepts."""
+    key = "/".join(str(p) for p in parts).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
+
+
 def call_seed(session_seed: int, index: int) -> int:
     """The engine seed of call ``index`` of a session created with ``sampling_seed``.
 
     Common random numbers: two sessions given the same seed (the evaluation gives one per cell,
     the same for every checkpoint) sample their i-th calls with the same random draws, so where two
     policies' outputs differ it is the policies, not the sampler's luck; a rerun reproduces the
-    draws. Hashed rather than ``seed + index`` so neighbouring cells share no draws; below 2**31,
-    a range every engine's seed field accepts."""
-    digest = hashlib.blake2b(f"{session_seed}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % 2**31
+    draws."""
+    return derived_seed(session_seed, index)
 
 
 def with_seed(payload: bytes, seed: int) -> bytes:
