@@ -35,7 +35,9 @@ from ``PATH``. Nothing here imports vllm.
 
 On the CPU platform (``platform="cpu"``) the argv is the same but for what only GPUs have: no
 ``--gpu-memory-utilization`` (the KV cache size is ``VLLM_CPU_KVCACHE_SPACE`` in the environment),
-and ``VLLM_CPU_OMP_THREADS_BIND`` binds the worker's threads to cores. ``VLLM_CACHE_ROOT`` keeps
+no chunked prefill (``--no-enable-chunked-prefill``, with a token budget of ``max_model_len``: the
+CPU build kills its engine on a seeded request whose prefill is split, and evaluation sessions send
+seeds), and ``VLLM_CPU_OMP_THREADS_BIND`` binds the worker's threads to cores. ``VLLM_CACHE_ROOT`` keeps
 torch.compile's cache in the fineenvs cache (a warm start takes ~30 s instead of 50-90 s).
 
 What is not covered: multi-node serving, LoRA, speculative decoding, the scale-out
@@ -338,6 +340,11 @@ def build_serve_command(args: VLLMServeArgs) -> list[str]:
     cmd += ["--max-model-len", str(args.max_model_len)]
     if args.platform == "cuda":
         cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    else:
+        # The CPU build's worker rewinds a seeded request's generator after each partial prefill,
+        # and a CPU generator has no offset to rewind: one seeded prompt longer than a chunk kills
+        # the engine. Whole prefills need a token budget of a whole sequence.
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(args.max_model_len, 2048))]
     if parser is not None:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     template = args.template_path

@@ -200,6 +200,11 @@ def test_cpu_platform_command_and_environment() -> None:
     )
     cmd = build_serve_command(args)
     assert "--gpu-memory-utilization" not in cmd and "--enforce-eager" not in cmd
+    # Whole prefills: the CPU build dies on a seeded request whose prefill is split.
+    assert "--no-enable-chunked-prefill" in cmd and cmd[cmd.index("--max-num-batched-tokens") + 1] == "131072"
+    short = build_serve_command(VLLMServeArgs(model="m", platform="cpu", max_model_len=512))
+    # Short sequences keep vLLM's default batch.
+    assert short[short.index("--max-num-batched-tokens") + 1] == "2048"
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend":"fineenvs_file"}'
     env = build_serve_env(args, base={"VLLM_CACHE_ROOT": "/cache/vllm"})
     assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"]) == ("3", "0-1")
@@ -210,6 +215,7 @@ def test_cpu_platform_command_and_environment() -> None:
     )  # torch.compile's cache survives the run: a warm start takes ~30 s, not 50-90
     gpu = build_serve_command(VLLMServeArgs(model="m"))
     assert "--enforce-eager" in gpu and "--gpu-memory-utilization" in gpu  # the published command
+    assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
     eager_cpu = VLLMServeArgs(model="m", platform="cpu", enforce_eager=True)
     assert "--enforce-eager" in build_serve_command(eager_cpu)
     with pytest.raises(ValueError, match="engine.weight_sync=nccl broadcasts GPU to GPU"):

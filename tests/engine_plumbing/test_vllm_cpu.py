@@ -315,3 +315,41 @@ def test_a_session_seed_reaches_vllm_and_repeats_its_draws(
     assert all(len(ids) == TOKENS for calls in sampled.values() for ids in calls)
     assert sampled["a"] == sampled["b"]
     assert sampled["a"][0] != sampled["a"][1] and sampled["a"][0] != sampled["c"][0]
+
+
+def test_a_seeded_call_longer_than_a_prefill_chunk_leaves_the_server_serving(
+    server: Any, syncs: Any, models: dict[int, Path], tmp_path: Path
+) -> None:
+    """vLLM's CPU build dies on a seeded request whose prefill is split into chunks (it rewinds the
+    request's generator by an offset, which a CPU generator does not have), so an evaluation with
+    common random numbers killed the engine on its first long agent prompt. The launcher serves the
+    CPU build without chunked prefill: a seeded prompt longer than vLLM's default chunk (2048 tokens)
+    is answered, twice with the same draws, and the server still answers."""
+    from fineenvs.proxy.store import CallStore
+    from tests.harnesses.stack import ADMIN_KEY, start_proxy
+
+    _serve(syncs, models, 0, 70)
+    proxy = start_proxy(server.url, "tiny_agent", tmp_path / "records", ("--max-output-tokens", str(TOKENS)))
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    long_prompt = "go " * 3000  # one token per word: past 2048, inside the fixture's 4096
+    ids = []
+    try:
+        with httpx.Client(timeout=300) as client:
+            for _ in range(2):
+                made = client.post(f"{proxy.url}/sessions", json={"sampling_seed": 11}, headers=admin)
+                made.raise_for_status()
+                ids.append(made.json()["session_id"])
+                reply = client.post(
+                    f"{proxy.url}/s/{made.json()['key']}/v1/chat/completions",
+                    json={"model": "tiny_agent", "messages": [{"role": "user", "content": long_prompt}],
+                          "max_tokens": TOKENS, "ignore_eos": True},
+                )  # fmt: skip
+                assert reply.status_code == 200, reply.text
+            assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+    finally:
+        proxy.stop()
+    store = CallStore(proxy.store_dir)
+    calls = [store.read_session(i)["calls"][0] for i in ids]
+    store.close()
+    assert all(len(c["prompt_ids"]) > 3000 for c in calls), [len(c["prompt_ids"]) for c in calls]
+    assert calls[0]["sampled_ids"] == calls[1]["sampled_ids"] and len(calls[0]["sampled_ids"]) == TOKENS
