@@ -13,7 +13,7 @@ trainer, checkpoints and the evaluation matrix. Nothing is scripted around them:
 ``base``     SFT of the random tiny student on the teacher's ``base_harness`` rollouts (plus
              ``base_mix_tasks`` of each other harness with ``base_sees_mix``, after their first
              ``sft_mix_tasks``, which are held out for the SFT baseline);
-``rl_one``   GRPO from the base in ``base_harness`` alone;
+``rl_one``   GRPO from the base in ``rl_one_harness`` alone (default: ``base_harness``);
 ``rl_mix``   GRPO from the base across ``harnesses`` (one harness per group, shuffled);
 ``rl_mix_nobonus``  ``rl_mix`` with ``reward=correctness``: the tool bonus's control (same base,
              seed, steps and everything else);
@@ -185,7 +185,8 @@ def stage_commands(
         commands["teacher"].append([*collect, f"harness={_list(others)}", f"tasks.limit={held + base_mix}"])
     base = checkpoints.get("base")
     if base is not None:
-        commands["rl_one"] = [[*_rl_overrides(m, [m.base_harness], base, m.rl_one_learning_rate), *engine]]
+        one = m.rl_one_harness or m.base_harness
+        commands["rl_one"] = [[*_rl_overrides(m, [one], base, m.rl_one_learning_rate), *engine]]
         commands["rl_mix"] = [[*_rl_overrides(m, list(m.harnesses), base), *engine]]
         # The bonus's control: rl_mix to the letter but for the reward (correctness alone), so the
         # report can tell the bonus's tool-call cut from what any RL (or SFT) does to call counts.
@@ -509,7 +510,7 @@ def _calls_table(ev: EvalData) -> list[str]:
     return lines
 
 
-def _base_harness(out: Path, given: str | None, mix: list[str]) -> str:
+def _rl_one_harness(out: Path, given: str | None, mix: list[str]) -> str:
     """The harness rl_one trained in: given, else from rl_one's ``STAGE_DONE``, else the first."""
     if given:
         return given
@@ -522,7 +523,7 @@ def _base_harness(out: Path, given: str | None, mix: list[str]) -> str:
     return mix[0]
 
 
-def summary_table(out: Path, base_harness: str | None = None) -> str:
+def summary_table(out: Path, rl_one_harness: str | None = None) -> str:
     """``mini_repro.md``: pass@1 (95% Wilson interval over tasks) per checkpoint × harness (the
     unseen harnesses apart), the paired tests, tool calls on co-solved cells with intervals, the
     issue's targets (1)-(6), rows per attempt, ``train/ratio``, signal accounting, wall time."""
@@ -533,7 +534,7 @@ def summary_table(out: Path, base_harness: str | None = None) -> str:
         lines += _paired_table(ev)
         lines += _calls_table(ev)
         found = stats.targets(
-            ev.finals, ev.task_ids, ev.mix, ev.unseen, _base_harness(out, base_harness, ev.mix)
+            ev.finals, ev.task_ids, ev.mix, ev.unseen, _rl_one_harness(out, rl_one_harness, ev.mix)
         )
         lines += ["", "Targets for one run (issue 36; each test fixed in stats.py, never tuned):", ""]
         lines += stats.targets_table(found)
@@ -689,7 +690,7 @@ def pooled_table(outs: list[Path]) -> str:
         if "rl_mix" in ev.finals and "rl_mix_nobonus" in ev.finals:
             bonus += stats.co_solved_calls(ev.finals["rl_mix"], ev.finals["rl_mix_nobonus"], ev.mix)
         found.append(
-            stats.targets(ev.finals, ev.task_ids, ev.mix, ev.unseen, _base_harness(out, None, ev.mix))
+            stats.targets(ev.finals, ev.task_ids, ev.mix, ev.unseen, _rl_one_harness(out, None, ev.mix))
         )
         for pair, detail in r.get("co_solved", {}).items():
             if detail.get("mean_tool_calls") is None or detail.get("mean_tool_calls_base") is None:

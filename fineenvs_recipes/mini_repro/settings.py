@@ -53,6 +53,10 @@ class MiniReproSettings:
     Pi, not Mini-SWE-Agent: Pi sends the task as the last message, right before the student's
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
+    rl_one_harness: str | None = None
+    """The harness ``rl_one`` trains in alone (None: ``base_harness``). Target (2) asks RL in one
+    harness to lift it, which it cannot where the base already solves nearly every task (the base
+    harness: Pi at 0.78-1.00 over seeds 0-2); the published one-harness run was OpenCode-only."""
     teacher_habit: str = "verify"
     """The teacher's habitual extra tool call on part of the tasks, which its students inherit and
     the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
@@ -173,6 +177,12 @@ class MiniReproSettings:
                 f"recipe.unseen_harnesses has {seen}, which recipe.harnesses={self.harnesses} trains in: an "
                 "unseen harness is one no stage trains in and the teacher never collects in. Fix: remove "
                 "it from one of the two lists"
+            )
+        if self.rl_one_harness is not None and self.rl_one_harness not in self.harnesses:
+            p.append(
+                f"recipe.rl_one_harness={self.rl_one_harness} is not in recipe.harnesses={self.harnesses}: rl_one "
+                "is compared with the base in the harness it trained in, and the base is evaluated in the mix "
+                "only. Fix: a harness of recipe.harnesses, or null (the base harness)"
             )
         if self.base_harness not in self.harnesses:
             p.append(

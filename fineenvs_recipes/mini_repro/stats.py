@@ -144,7 +144,7 @@ def targets(
     task_ids: Sequence[str],
     mix: Sequence[str],
     unseen: Sequence[str],
-    base_harness: str,
+    rl_one_harness: str,
 ) -> list[Target]:
     """The issue's targets (1)-(6) for one run, from the deciding attempts by stage name; never
     tuned to pass: each has its test and threshold fixed here."""
@@ -189,9 +189,9 @@ def targets(
         )
 
     # (2) RL in one harness lifts that harness, more than the others.
-    what2 = f"RL in one harness ({base_harness}) lifts it, p < 0.05, and more than the harnesses it did not train in"
+    what2 = f"RL in one harness ({rl_one_harness}) lifts it, p < 0.05, and more than the harnesses it did not train in"
     test2 = (
-        f"rl_one vs base in {base_harness}: one-sided exact sign test, p < 0.05; and its gain in pass@1 "
+        f"rl_one vs base in {rl_one_harness}: one-sided exact sign test, p < 0.05; and its gain in pass@1 "
         "there above its gain in every other harness of the mix (direction, no test)"
     )
     if base is None or "rl_one" not in finals:
@@ -201,15 +201,15 @@ def targets(
         for h in mix:
             w, lo_ = won_lost(base, finals["rl_one"], task_ids, [h])
             gains[h] = (w, lo_, (w - lo_) / n if n else 0.0)
-        w, lo_, g = gains[base_harness]
+        w, lo_, g = gains[rl_one_harness]
         p = sign_test_p(w, lo_)
-        others = {h: v for h, v in gains.items() if h != base_harness}
+        others = {h: v for h, v in gains.items() if h != rl_one_harness}
         more = all(g > v[2] for v in others.values())
         out.append(
             Target(
                 2,
                 what2,
-                f"{base_harness} {w} / {lo_}, p = {_p(p)}, {g:+.2f}; "
+                f"{rl_one_harness} {w} / {lo_}, p = {_p(p)}, {g:+.2f}; "
                 + ", ".join(f"{h} {v[0]} / {v[1]}, {v[2]:+.2f}" for h, v in others.items()),
                 test2,
                 "reached" if p < ALPHA and more else "missed",
