@@ -306,3 +306,16 @@ def test_the_report_counts_cells_by_the_deciding_attempts_not_the_eval_jobs_summ
     (tmp_path / "eval_unseen" / "eval" / "results.json").write_text(json.dumps(results))
     row = next(line for line in summary_table(tmp_path).splitlines() if line.startswith("| rl_mix |"))
     assert row.rstrip(" |").endswith("| 0.17 [0.05, 0.45]")  # 2 of 12, not 3
+
+
+def test_target_2_is_read_in_the_harness_rl_one_trained_in(tmp_path: Path) -> None:
+    """``recipe.rl_one_harness``: the report takes rl_one's harness from its ``STAGE_DONE``."""
+    _write_run(tmp_path)
+    done = tmp_path / "rl_one" / DONE
+    done.write_text(
+        json.dumps({**json.loads(done.read_text()), "runs": [["job=rl", "harness=[mini_swe_agent]"]]})
+    )
+    row = next(line for line in summary_table(tmp_path).splitlines() if line.startswith("| (2)"))
+    # rl_one in mini_swe_agent: t1 won, none lost (1 / 0, p = 1/2), +1/12 there against +5/12 in pi: missed.
+    assert "RL in one harness (mini_swe_agent)" in row and "mini_swe_agent 1 / 0, p = 0.5, +0.08" in row
+    assert "pi 5 / 0" in row and row.rstrip(" |").endswith("**missed**")

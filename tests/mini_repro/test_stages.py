@@ -103,6 +103,14 @@ def test_every_stage_is_a_valid_run_of_the_real_job(tmp_path: Path) -> None:
         assert [k for k in range(1, 13) if in_training_eval_due(k, r.trainer)] == [6]
         on = replace(r.trainer, eval_at_end=True)  # the default: the last step is evaluated too
         assert [k for k in range(1, 13) if in_training_eval_due(k, on)] == [6, 12]
+    # rl_one_harness moves rl_one alone into that harness; the base, the teacher and rl_mix stay.
+    elsewhere = stage_commands(replace(run.recipe, rl_one_harness="opencode"), tmp_path, ckpts)
+    (one_oc,) = [_load(*o, f"output_dir={tmp_path / 'oc'}") for o in elsewhere["rl_one"]]
+    assert list(one_oc.harness) == ["opencode"] and one_oc.trainer.learning_rate == 1e-4
+    assert one_oc.model.path == str(base)
+    assert {k: v for k, v in elsewhere.items() if k != "rl_one"} == {
+        k: v for k, v in commands.items() if k != "rl_one"
+    }
     (old,) = [  # runs C-E's setting: groups of 4, 8 rows per step, no cap
         _load(*o, f"output_dir={tmp_path / 'old'}")
         for o in stage_commands(
@@ -252,6 +260,8 @@ def test_rows_per_step_must_be_whole_passes(tmp_path: Path) -> None:
         ConfigError, match=r"teacher_habit='peek' is not a habit.*Fix: one of \['look', 'verify'\]"
     ):
         _load(f"output_dir={tmp_path}", "recipe.teacher_habit=peek")
+    with pytest.raises(ConfigError, match=r"rl_one_harness=codex is not in recipe.harnesses.*Fix"):
+        _load(f"output_dir={tmp_path}", "recipe.rl_one_harness=codex")
     with pytest.raises(ConfigError, match=r"rl_one_learning_rate=0.0: a learning rate must be above 0.*Fix"):
         _load(f"output_dir={tmp_path}", "recipe.rl_one_learning_rate=0")
     assert not (tmp_path / "teacher").exists()
