@@ -54,9 +54,10 @@ class MiniReproSettings:
     reply; Mini-SWE-Agent puts it first in a 1.9k-token message, and the 4-layer student did not
     learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
     rl_one_harness: str | None = None
-    """The harness ``rl_one`` trains in alone (None: ``base_harness``). Target (2) asks RL in one
-    harness to lift it, which it cannot where the base already solves nearly every task (the base
-    harness: Pi at 0.78-1.00 over seeds 0-2); the published one-harness run was OpenCode-only."""
+    """The harness ``rl_one`` trains in alone (None: ``base_harness``). ``opencode`` is the published
+    OpenCode-only form, with room to lift where the base harness (Pi) is near its ceiling; in probe W
+    it moved OpenCode most but not significantly, at two to four times Pi's time
+    (experiments/mini_repro/results/2026-12-08-rl-one-in-opencode-probe-2core.md)."""
     teacher_habit: str = "verify"
     """The teacher's habitual extra tool call on part of the tasks, which its students inherit and
     the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
