@@ -55,9 +55,8 @@ class MiniReproSettings:
     learn which command a question asks for from that far back (experiments/mini_repro/README.md)."""
     rl_one_harness: str | None = None
     """The harness ``rl_one`` trains in alone (None: ``base_harness``). ``opencode`` is the published
-    OpenCode-only form, with room to lift where the base harness (Pi) is near its ceiling; in probe W
-    it moved OpenCode most but not significantly, at two to four times Pi's time
-    (experiments/mini_repro/results/2026-12-08-rl-one-in-opencode-probe-2core.md)."""
+    OpenCode-only form, with room to lift where the base harness (Pi) is near its ceiling, and with
+    prompts four times as long, so a slower stage (measured: experiments/mini_repro/results/)."""
     teacher_habit: str = "verify"
     """The teacher's habitual extra tool call on part of the tasks, which its students inherit and
     the tool-call bonus can train away (``teacher.py``): ``verify`` reads the answer back after
